@@ -1,0 +1,56 @@
+"""The registry of stream connections: which variant wraps the model's sub-layers.
+
+The model only ever talks to a `StreamConnections` built here: `expand` turns the normed
+embedding into the stream state X of shape (B, T, n, C), `layers[j](X, branch, x0)` wraps
+sub-layer j (attention for even j, MLP for odd j), and `reduce` folds the streams back to
+(B, T, C). Adding a variant means adding a module and one line in `VARIANTS`.
+"""
+
+import torch
+from torch import nn
+
+from nanochat.connections import residual
+
+# name -> module exposing `resolve(cfg)` (validate and fill the hc fields in place) and
+# `make_layers(cfg) -> list[nn.Module]` (the 2 * n_layer layers).
+VARIANTS = {
+    "residual": residual,
+}
+
+
+class StreamConnections(nn.Module):
+    """The n-stream residual state around the transformer's 2 * n_layer sub-layers."""
+
+    def __init__(self, n, layers):
+        super().__init__()
+        self.n = n
+        self.layers = nn.ModuleList(layers)
+
+    def expand(self, x0):
+        """(B, T, C) -> (B, T, n, C): every stream starts as a copy of the embedding.
+        Contiguous, so that vec(X) over (n, C) is a free view in every layer."""
+        if self.n == 1:
+            return x0.unsqueeze(-2)
+        return x0.unsqueeze(-2).expand(*x0.shape[:-1], self.n, x0.shape[-1]).contiguous()
+
+    def reduce(self, X):
+        """(B, T, n, C) -> (B, T, C): the sum of the streams (the model norms it next)."""
+        return X.squeeze(-2) if self.n == 1 else X.sum(dim=-2)
+
+    @torch.no_grad()
+    def init_weights(self):
+        for layer in self.layers:
+            layer.init_weights()
+
+
+def resolve_config(cfg):
+    """Validate the config's hc fields and fill variant defaults, in place; one clear
+    ValueError per mistake, raised at configuration time rather than mid-forward."""
+    if cfg.hc not in VARIANTS:
+        raise ValueError(f"unknown connection variant hc={cfg.hc!r}; choose one of {', '.join(VARIANTS)}")
+    VARIANTS[cfg.hc].resolve(cfg)
+
+
+def build(cfg):
+    resolve_config(cfg)
+    return StreamConnections(cfg.hc_streams, VARIANTS[cfg.hc].make_layers(cfg))

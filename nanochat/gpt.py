@@ -1,0 +1,367 @@
+"""The GPT of nanochat (late January 2026), with its residual stream handed to a
+pluggable `StreamConnections` (see nanochat/connections).
+
+Kept from nanochat: weightless RMSNorm after the embedding, before attention, before the
+MLP, on q and k (after rotary) and before the head; rotary base 10000; relu^2 MLP at 4x
+width; no biases; untied embedding and head; value embeddings on alternating layers mixed
+into v through a per-head gate; logits softcapped at 15 in fp32; vocab padded to a multiple
+of 64; sliding windows from a pattern string; GQA; meta-device construction followed by
+`init_weights()`. What changes is the trunk: the sub-layers are wrapped by connection
+layers that own the (B, T, n, C) stream state.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanochat import connections
+
+
+@dataclass
+class GPTConfig:
+    sequence_len: int = 2048
+    vocab_size: int = 32768
+    n_layer: int = 12
+    n_head: int = 6
+    n_kv_head: int = 6
+    n_embd: int = 768
+    window_pattern: str = "SSSL"
+    # Stream connections (DESIGN.md section 3). hc_streams = 0 and hc_factors = [] mean
+    # "the variant's default" (1 for residual, 4 for the others; prime factors for kromhc).
+    hc: str = "residual"
+    hc_streams: int = 0
+    hc_factors: list = field(default_factory=list)
+    hc_alpha_shared: bool = True
+    hc_sk_iters: int = 20
+    hc_norm_weight: bool = True
+    hc_recompute: bool = False
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head} (GQA groups)")
+        if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
+            raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
+        self.hc_factors = list(self.hc_factors or [])
+        connections.resolve_config(self)
+
+
+def norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def has_value_embedding(layer_idx, n_layer):
+    """Alternating layers, always including the last one."""
+    return layer_idx % 2 == (n_layer - 1) % 2
+
+
+def apply_rotary_emb(x, cos, sin):
+    # x: (B, T, H, D); rotate the pair (first half, second half) of the head dim.
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding: (B, H_kv, T_max, D) each.
+    `pos` counts the tokens already in the cache; the model advances it after a forward."""
+
+    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype):
+        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def insert(self, layer_idx, k, v):
+        """Store k, v (B, H_kv, T, D) at the current position; return all keys/values so far."""
+        t0, t1 = self.pos, self.pos + k.size(2)
+        if t1 > self.k.size(3):
+            raise ValueError(f"KV cache is full: {t1} tokens > capacity {self.k.size(3)}")
+        self.k[layer_idx, :, :, t0:t1] = k
+        self.v[layer_idx, :, :, t0:t1] = v
+        return self.k[layer_idx, :, :, :t1], self.v[layer_idx, :, :, :t1]
+
+
+def attention_mask(t_q, t_k, window, device):
+    """(mask, is_causal) for SDPA, queries being the last t_q of t_k positions: causal, and
+    each query sees at most `window` earlier keys. SDPA's is_causal aligns the triangle to
+    the top-left, which is only right when t_q == t_k; otherwise an explicit mask is built."""
+    if window >= t_k:
+        if t_q == t_k:
+            return None, True
+        if t_q == 1:
+            return None, False  # one new token sees the whole cache
+    q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+    k_pos = torch.arange(t_k, device=device)[None, :]
+    return (k_pos <= q_pos) & (k_pos >= q_pos - window), False
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.n_embd // config.n_head
+        C, hd = config.n_embd, self.head_dim
+        self.c_q = nn.Linear(C, self.n_head * hd, bias=False)
+        self.c_k = nn.Linear(C, self.n_kv_head * hd, bias=False)
+        self.c_v = nn.Linear(C, self.n_kv_head * hd, bias=False)
+        self.c_proj = nn.Linear(C, C, bias=False)
+        self.ve_gate_channels = 32
+        self.ve_gate = (nn.Linear(self.ve_gate_channels, self.n_kv_head, bias=False)
+                        if has_value_embedding(layer_idx, config.n_layer) else None)
+
+    def forward(self, x, ve, cos_sin, window, kv_cache):
+        B, T, C = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if ve is not None:
+            # ResFormer-style value residual, gated per head in (0, 2).
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate_channels]))
+            v = v + gate.unsqueeze(-1) * ve.view_as(v)
+        cos, sin = cos_sin
+        q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
+        q, k = norm(q), norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+        if kv_cache is not None:
+            k, v = kv_cache.insert(self.layer_idx, k, v)
+        mask, is_causal = attention_mask(T, k.size(2), window, x.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=self.n_kv_head != self.n_head)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    """The two sub-layers of a transformer block; the residual wiring lives in the connections."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp = MLP(config)
+
+
+class GPT(nn.Module):
+    def __init__(self, config, pad_vocab_size_to=64):
+        super().__init__()
+        self.config = config
+        self.padded_vocab_size = math.ceil(config.vocab_size / pad_vocab_size_to) * pad_vocab_size_to
+        C = config.n_embd
+        self.head_dim = C // config.n_head
+        kv_dim = config.n_kv_head * self.head_dim
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(self.padded_vocab_size, C),
+            "h": nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+        })
+        self.lm_head = nn.Linear(C, self.padded_vocab_size, bias=False)
+        self.value_embeds = nn.ModuleDict({
+            str(i): nn.Embedding(self.padded_vocab_size, kv_dim)
+            for i in range(config.n_layer) if has_value_embedding(i, config.n_layer)})
+        self.connections = connections.build(config)
+        self.window_sizes = self._compute_window_sizes()
+        # Rotary tables cover 10x the training context so that long evaluation prompts fit.
+        self.rotary_len = 10 * config.sequence_len
+        cos, sin = self._rotary_tables(self.rotary_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _compute_window_sizes(self):
+        pattern = self.config.window_pattern.upper()
+        full, half = self.config.sequence_len, self.config.sequence_len // 2
+        sizes = [full if pattern[i % len(pattern)] == "L" else half for i in range(self.config.n_layer)]
+        sizes[-1] = full  # the last layer always sees the whole context
+        return sizes
+
+    def _rotary_tables(self, length, base=10000, device=None):
+        half = self.head_dim // 2
+        inv_freq = 1.0 / (base ** (torch.arange(0, half, dtype=torch.float32, device=device) / half))
+        freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
+        return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+    @torch.no_grad()
+    def init_weights(self):
+        """All real initialization (construction happens on the meta device)."""
+        C = self.config.n_embd
+        bound = math.sqrt(3.0) / math.sqrt(C)  # uniform with std 1/sqrt(C)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=1.0)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.001)
+        for block in self.transformer.h:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init
+        for ve in self.value_embeds.values():
+            nn.init.uniform_(ve.weight, -bound, bound)
+        self.connections.init_weights()
+        cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+        if self.transformer.wte.weight.device.type == "cuda":
+            # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
+            # AdamW state follows); the lookups feed bf16 compute anyway.
+            self.transformer.wte.to(dtype=torch.bfloat16)
+            for ve in self.value_embeds.values():
+                ve.to(dtype=torch.bfloat16)
+
+    # ----- parameter accounting and optimizer groups -----
+
+    def param_counts(self):
+        """Parameters by role; the buckets partition the model exactly."""
+        counts = {
+            "wte": self.transformer.wte.weight.numel(),
+            "value_embeds": sum(p.numel() for p in self.value_embeds.parameters()),
+            "lm_head": self.lm_head.weight.numel(),
+            "transformer_matrices": sum(p.numel() for p in self.transformer.h.parameters()),
+            "connections": sum(p.numel() for p in self.connections.parameters()),
+        }
+        counts["total"] = sum(counts.values())
+        actual = sum(p.numel() for p in self.parameters())
+        assert counts["total"] == actual, f"parameter buckets miss parameters: {counts['total']} != {actual}"
+        return counts
+
+    def num_scaling_params(self):
+        """nanochat's scaling count (transformer matrices + lm_head) for ratio-based horizons."""
+        counts = self.param_counts()
+        return counts["transformer_matrices"] + counts["lm_head"]
+
+    def estimate_flops(self):
+        """Training FLOPs per token: 6 per matmul weight (forward + backward; embeddings
+        are lookups and do not count; the connection projections are matmuls and do)
+        plus attention scores and values over each layer's effective window."""
+        counts = self.param_counts()
+        matmul_params = counts["total"] - counts["wte"] - counts["value_embeds"]
+        T = self.config.sequence_len
+        attn = sum(12 * self.config.n_head * self.head_dim * min(w, T) for w in self.window_sizes)
+        return 6 * matmul_params + attn
+
+    def param_groups(self, unembedding_lr=0.004, embedding_lr=0.3, matrix_lr=0.02, weight_decay=0.0,
+                     hc_lr=0.005, adam_betas=(0.8, 0.95), hc_betas=(0.8, 0.95)):
+        """Optimizer groups: AdamW for head, embeddings (both scaled by (C/768)^-0.5 as
+        nanochat does) and every connection parameter (unscaled, no weight decay); Muon for
+        the transformer matrices, one group per shape. Connection parameters never reach Muon."""
+        dmodel_scale = (self.config.n_embd / 768) ** -0.5
+        adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0)
+        groups = [
+            dict(adamw, name="lm_head", params=[self.lm_head.weight], lr=unembedding_lr * dmodel_scale, betas=adam_betas),
+            dict(adamw, name="wte", params=[self.transformer.wte.weight], lr=embedding_lr * dmodel_scale, betas=adam_betas),
+        ]
+        if len(self.value_embeds):
+            groups.append(dict(adamw, name="value_embeds", params=list(self.value_embeds.parameters()),
+                               lr=embedding_lr * dmodel_scale, betas=adam_betas))
+        hc_params = list(self.connections.parameters())
+        if hc_params:
+            groups.append(dict(adamw, name="hc", params=hc_params, lr=hc_lr, betas=hc_betas))
+        matrices = list(self.transformer.h.parameters())
+        for shape in sorted({tuple(p.shape) for p in matrices}):
+            groups.append(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",
+                               params=[p for p in matrices if tuple(p.shape) == shape],
+                               lr=matrix_lr, momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay))
+        grouped = [p for g in groups for p in g["params"]]
+        assert len(grouped) == len(set(map(id, grouped))) == len(list(self.parameters())), \
+            "every parameter must be in exactly one optimizer group"
+        return groups
+
+    # ----- forward -----
+
+    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean"):
+        B, T = idx.shape
+        t0 = kv_cache.pos if kv_cache is not None else 0
+        if t0 + T > self.rotary_len:
+            raise ValueError(f"sequence of {t0 + T} tokens exceeds the rotary table ({self.rotary_len})")
+        cos = self.cos[:, t0:t0 + T].to(self.activation_dtype(idx))
+        sin = self.sin[:, t0:t0 + T].to(cos.dtype)
+        x0 = norm(self.transformer.wte(idx))
+        X = self.connections.expand(x0)
+        layers = self.connections.layers
+        for i, block in enumerate(self.transformer.h):
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+            window = self.window_sizes[i]
+
+            def attn_branch(u, block=block, ve=ve, window=window):
+                return block.attn(norm(u), ve, (cos, sin), window, kv_cache)
+
+            def mlp_branch(u, block=block):
+                return block.mlp(norm(u))
+
+            X = layers[2 * i](X, attn_branch, x0)
+            X = layers[2 * i + 1](X, mlp_branch, x0)
+        x = norm(self.connections.reduce(X))
+        if kv_cache is not None:
+            kv_cache.pos += T
+        logits = self.lm_head(x)[..., :self.config.vocab_size].float()
+        logits = 15 * torch.tanh(logits / 15)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=-1, reduction=loss_reduction).view(
+            () if loss_reduction == "mean" else targets.shape)
+
+    def activation_dtype(self, idx):
+        """The dtype activations will have: autocast's when active, else the embedding's."""
+        device_type = idx.device.type
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.transformer.wte.weight.dtype
+
+    # ----- inference -----
+
+    @torch.inference_mode()
+    def generate(self, tokens, max_tokens, temperature=1.0, top_k=None, seed=42):
+        """Yield up to max_tokens new token ids after the prompt `tokens` (a list of ints):
+        one prefill of the prompt, then one token per step through the KV cache."""
+        if not tokens:
+            raise ValueError("generate needs a non-empty prompt (e.g. the BOS token)")
+        device = self.lm_head.weight.device
+        rng = torch.Generator(device=device).manual_seed(seed)
+        cache = KVCache(1, self.config.n_layer, self.config.n_kv_head, self.head_dim,
+                        len(tokens) + max_tokens, device, self.activation_dtype(torch.empty(0, device=device)))
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        for _ in range(max_tokens):
+            logits = self.forward(ids, kv_cache=cache)[:, -1, :]
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None and top_k > 0:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits = logits.masked_fill(logits < v[:, [-1]], float("-inf"))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=rng)
+            ids = next_id
+            yield int(next_id.item())
+
+
+def model_config_from_depth(depth, vocab_size, sequence_len, aspect_ratio=64, head_dim=128,
+                            window_pattern="SSSL", **hc):
+    """nanochat's width-from-depth rule: model_dim = ceil(depth*aspect/head_dim)*head_dim."""
+    model_dim = math.ceil(depth * aspect_ratio / head_dim) * head_dim
+    n_head = model_dim // head_dim
+    return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
+                     n_kv_head=n_head, n_embd=model_dim, window_pattern=window_pattern, **hc)
+
+
+def build_model(config, device):
+    """Construct on the meta device (no memory, no wasted init), move to `device`, then
+    initialize for real. A checkpoint is loaded on top of this: the init also computes the
+    non-persistent buffers (rotary tables, permutation matrices) that state dicts lack."""
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    model.init_weights()
+    return model

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create (or refresh) .venv with everything nanochat-hc needs, on any machine.
+#
+# torch is installed first and explicitly: a bare "torch" requirement in a fresh
+# venv resolves to a multi-GB CUDA build even on machines without a GPU. So we pick
+# the build here (CUDA wheel when nvidia-smi sees a GPU, CPU wheel otherwise), then
+# install the package with every other dependency pinned by constraints.txt.
+# Idempotent: a second run only checks that everything is in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+stamp="$VENV/.nanochat-setup"
+want="torch=$TORCH_VERSION $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "setup_env: $VENV is up to date ($want)"
+    exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "setup_env: GPU found, installing CUDA torch==$TORCH_VERSION"
+        "${pip[@]}" install "torch==$TORCH_VERSION"
+    else
+        echo "setup_env: no GPU, installing CPU torch==$TORCH_VERSION"
+        # A CPU wheel already on this machine (pip's find-links) first; otherwise
+        # PyTorch's CPU-only index, never PyPI's default (CUDA) build.
+        "${pip[@]}" install --no-index "torch==$TORCH_VERSION" 2>/dev/null \
+            || "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+    fi
+fi
+
+# Every other dependency at the version the test suite was run with.
+"${pip[@]}" install -c constraints.txt -e '.[dev]'
+echo "$want" > "$stamp"
+echo "setup_env: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,216 @@
+"""The nanochat GPT: shapes, init, parameter buckets, windows, KV-cache decoding, training."""
+
+import math
+
+import pytest
+import torch
+
+from nanochat.gpt import GPTConfig, attention_mask, build_model, model_config_from_depth
+
+VOCAB = 300
+
+
+def tiny_config(**kw):
+    base = dict(sequence_len=32, vocab_size=VOCAB, n_layer=3, n_head=4, n_kv_head=2, n_embd=64, window_pattern="SL")
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def randomize(model, seed=0):
+    """Init zeroes the output projections; give every weight a value so paths are exercised."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_shapes_and_padded_vocab():
+    model = build_model(tiny_config(), "cpu")
+    assert model.padded_vocab_size == 320  # next multiple of 64
+    idx = torch.randint(0, VOCAB, (2, 16))
+    logits = model(idx)
+    assert logits.shape == (2, 16, VOCAB) and logits.dtype == torch.float32
+    per_token = model(idx, idx, loss_reduction="none")
+    assert per_token.shape == (2, 16)
+    assert torch.allclose(per_token.mean(), model(idx, idx))
+
+
+def test_loss_at_init_is_log_vocab():
+    torch.manual_seed(0)
+    model = build_model(tiny_config(), "cpu")
+    idx = torch.randint(0, VOCAB, (4, 32))
+    # head ~ N(0, 1e-3): logits are nearly uniform at init.
+    assert abs(model(idx, idx).item() - math.log(VOCAB)) < 0.02
+
+
+def test_softcap_bounds_logits():
+    model = randomize(build_model(tiny_config(), "cpu"))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1000)
+    logits = model(torch.randint(0, VOCAB, (1, 8)))
+    assert logits.abs().max() <= 15.0 + 1e-4
+    assert logits.abs().max() > 10.0  # the cap is actually reached, not a no-op
+
+
+def test_ignore_index():
+    model = randomize(build_model(tiny_config(), "cpu"))
+    idx = torch.randint(0, VOCAB, (1, 8))
+    targets = idx.clone()
+    targets[0, :4] = -1
+    per_token = model(idx, targets, loss_reduction="none")
+    assert torch.all(per_token[0, :4] == 0)
+    assert torch.allclose(model(idx, targets), per_token[0, 4:].mean())
+
+
+def test_init_values_follow_nanochat():
+    cfg = tiny_config()
+    model = build_model(cfg, "cpu")
+    for block in model.transformer.h:
+        assert torch.all(block.attn.c_proj.weight == 0) and torch.all(block.mlp.c_proj.weight == 0)
+        bound = math.sqrt(3 / cfg.n_embd)
+        assert block.attn.c_q.weight.abs().max() <= bound
+        assert abs(block.attn.c_q.weight.std().item() - 1 / math.sqrt(cfg.n_embd)) < 0.02
+    assert abs(model.transformer.wte.weight.std().item() - 1.0) < 0.05
+    assert abs(model.lm_head.weight.std().item() - 1e-3) < 1e-4
+    # value embeddings on alternating layers, always including the last one
+    assert sorted(model.value_embeds.keys()) == ["0", "2"]
+    assert model.transformer.h[1].attn.ve_gate is None and model.transformer.h[2].attn.ve_gate is not None
+
+
+def test_meta_init_is_deterministic_under_seed():
+    torch.manual_seed(123)
+    a = build_model(tiny_config(), "cpu").state_dict()
+    torch.manual_seed(123)
+    b = build_model(tiny_config(), "cpu").state_dict()
+    torch.manual_seed(124)
+    c = build_model(tiny_config(), "cpu").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["transformer.wte.weight"], c["transformer.wte.weight"])
+
+
+def test_param_groups_cover_every_parameter_once():
+    model = build_model(tiny_config(), "cpu")
+    groups = model.param_groups()
+    seen = [id(p) for g in groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in model.parameters())
+    hc_ids = {id(p) for p in model.connections.parameters()}
+    for g in groups:
+        if g["kind"] == "muon":
+            assert not hc_ids & {id(p) for p in g["params"]}, "connection parameters must never reach Muon"
+            assert len({tuple(p.shape) for p in g["params"]}) == 1
+    hc_group = next(g for g in groups if g["name"] == "hc")
+    assert {id(p) for p in hc_group["params"]} == hc_ids
+    assert hc_group["lr"] == 0.005 and hc_group["betas"] == (0.8, 0.95) and hc_group["weight_decay"] == 0.0
+
+
+def test_param_counts_partition_model():
+    model = build_model(tiny_config(), "cpu")
+    counts = model.param_counts()
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["connections"] == 2 * 3  # residual: [l_resid, l_x0] per block
+
+
+def test_width_from_depth_matches_nanochat():
+    cfg = model_config_from_depth(12, 32768, 2048)
+    assert (cfg.n_embd, cfg.n_head, cfg.n_kv_head) == (768, 6, 6)
+    cfg = model_config_from_depth(6, 32768, 2048)
+    assert (cfg.n_embd, cfg.n_head) == (384, 3)
+    with torch.device("meta"):
+        from nanochat.gpt import GPT
+        model = GPT(model_config_from_depth(12, 32768, 2048))
+    counts = model.param_counts()
+    # d12 counts from nanochat at commit 4d8dbaf (reference/NANOCHAT.md, table in 1.2)
+    assert counts["transformer_matrices"] == 84_935_808
+    assert counts["value_embeds"] == 150_994_944
+    assert counts["lm_head"] == counts["wte"] == 25_165_824
+    assert model.window_sizes == [1024, 1024, 1024, 2048] * 3
+
+
+def test_window_pattern_last_layer_full():
+    model = build_model(tiny_config(n_layer=4, window_pattern="S"), "cpu")
+    assert model.window_sizes == [16, 16, 16, 32]
+
+
+def test_sliding_window_limits_attention():
+    mask, is_causal = attention_mask(6, 6, 2, "cpu")
+    assert not is_causal
+    expected = torch.tensor([[j <= i and j >= i - 2 for j in range(6)] for i in range(6)])
+    assert torch.equal(mask, expected)
+    assert attention_mask(6, 6, 6, "cpu") == (None, True)
+    # a single decoded token with a full window attends to the whole cache
+    assert attention_mask(1, 9, 32, "cpu") == (None, False)
+    mask, _ = attention_mask(2, 9, 32, "cpu")
+    assert torch.equal(mask, torch.tensor([[True] * 8 + [False], [True] * 9]))
+
+
+def test_model_is_causal():
+    torch.manual_seed(0)
+    model = randomize(build_model(tiny_config(n_layer=2, window_pattern="S"), "cpu"))
+    idx = torch.randint(0, VOCAB, (1, 32))
+    full = model(idx)
+    # changing token 20 changes no earlier position, and does change later ones
+    idx2 = idx.clone()
+    idx2[0, 20] = (idx[0, 20] + 1) % VOCAB
+    out2 = model(idx2)
+    assert torch.allclose(full[0, :20], out2[0, :20], atol=1e-5)
+    assert not torch.allclose(full[0, 20:], out2[0, 20:], atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", ["L", "SL"])
+def test_kv_cache_decoding_equals_full_forward(pattern):
+    from nanochat.gpt import KVCache
+    torch.manual_seed(0)
+    cfg = tiny_config(window_pattern=pattern, sequence_len=16)
+    model = randomize(build_model(cfg, "cpu"))
+    idx = torch.randint(0, VOCAB, (2, 24))  # longer than the S window (8) and the context
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache(2, cfg.n_layer, cfg.n_kv_head, model.head_dim, 24, "cpu", torch.float32)
+        prefill = model(idx[:, :10], kv_cache=cache)
+        steps = [model(idx[:, t:t + 1], kv_cache=cache) for t in range(10, 24)]
+    assert torch.allclose(prefill, full[:, :10], atol=1e-4)
+    assert torch.allclose(torch.cat(steps, dim=1), full[:, 10:], atol=1e-4)
+    assert cache.pos == 24
+
+
+def test_generate_greedy_matches_argmax_of_full_forward():
+    torch.manual_seed(0)
+    model = randomize(build_model(tiny_config(), "cpu"))
+    prompt = [1, 2, 3, 4]
+    out = list(model.generate(prompt, max_tokens=6, temperature=0))
+    seq = list(prompt)
+    for _ in range(6):
+        with torch.no_grad():
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    assert out == seq[len(prompt):]
+    # sampling is reproducible under a seed
+    a = list(model.generate(prompt, 8, temperature=1.0, top_k=20, seed=7))
+    b = list(model.generate(prompt, 8, temperature=1.0, top_k=20, seed=7))
+    assert a == b and all(0 <= t < VOCAB for t in a)
+
+
+def test_tiny_model_overfits_one_batch():
+    torch.manual_seed(0)
+    model = build_model(tiny_config(), "cpu")
+    idx = torch.randint(0, VOCAB, (2, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(60):
+        loss = model(idx[:, :-1], idx[:, 1:])
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first, (first, loss.item())
+
+
+def test_bad_config_errors():
+    with pytest.raises(ValueError, match="window_pattern"):
+        tiny_config(window_pattern="SX")
+    with pytest.raises(ValueError, match="n_kv_head"):
+        tiny_config(n_kv_head=3)
+    with pytest.raises(ValueError, match="unknown connection variant"):
+        tiny_config(hc="nope")
+    with pytest.raises(ValueError, match="single stream"):
+        tiny_config(hc="residual", hc_streams=4)
