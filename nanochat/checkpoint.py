@@ -1,0 +1,173 @@
+"""Run directories and checkpoints: atomic writes, the `latest` pointer, exact resume,
+and rebuilding a model from a checkpoint for evaluation.
+
+A checkpoint of step S (S optimizer steps done) is `model_<S>.pt` (rank 0),
+`optim_<S>_rank<r>.pt` (every rank: its optimizer shard) and `meta_<S>.json` (rank 0:
+model config, settings, loop state, every rank's dataloader state and RNG state). Each
+file is written to a temporary name, fsynced and renamed, so a file either exists whole
+or not at all; `latest` moves only after every file of the step exists, so a run killed
+mid-save resumes from the previous complete checkpoint.
+"""
+
+import base64
+import io
+import json
+import os
+import re
+
+import torch
+
+from nanochat.common import base_dir
+from nanochat.gpt import GPTConfig, build_model
+
+
+def runs_dir():
+    return os.path.join(base_dir(), "runs")
+
+
+def run_dir_for(model_tag):
+    return os.path.join(runs_dir(), model_tag)
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data):
+    """Write bytes or str to `path` so that readers see the old file or the new one, whole."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with open(tmp, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def _torch_bytes(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def encode_rng_state():
+    """This process's RNG states as JSON-safe text (training itself draws no random
+    numbers, but a resumed run must continue exactly like an uninterrupted one)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return base64.b64encode(_torch_bytes(state)).decode("ascii")
+
+
+def restore_rng_state(text):
+    state = torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _paths(run_dir, step, rank=0):
+    return (os.path.join(run_dir, f"model_{step:06d}.pt"),
+            os.path.join(run_dir, f"optim_{step:06d}_rank{rank}.pt"),
+            os.path.join(run_dir, f"meta_{step:06d}.json"))
+
+
+def save_rank_files(run_dir, step, rank, optimizer_state, model_state=None, meta=None):
+    """Every rank writes its optimizer shard; rank 0 also the model and meta."""
+    model_path, optim_path, meta_path = _paths(run_dir, step, rank)
+    atomic_write(optim_path, _torch_bytes(optimizer_state))
+    if model_state is not None:
+        atomic_write(model_path, _torch_bytes(model_state))
+    if meta is not None:
+        atomic_write(meta_path, json.dumps(meta, indent=1))
+
+
+def is_complete(run_dir, step):
+    model_path, _, meta_path = _paths(run_dir, step)
+    if not (os.path.isfile(model_path) and os.path.isfile(meta_path)):
+        return False
+    try:
+        with open(meta_path) as f:
+            world_size = json.load(f)["world_size"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(os.path.isfile(_paths(run_dir, step, r)[1]) for r in range(world_size))
+
+
+def mark_latest(run_dir, step):
+    """Called by rank 0 after every rank has written its files (after a barrier)."""
+    if not is_complete(run_dir, step):
+        raise RuntimeError(f"checkpoint {step} in {run_dir} is incomplete; not moving `latest`")
+    atomic_write(os.path.join(run_dir, "latest"), f"{step}\n")
+
+
+def saved_steps(run_dir):
+    if not os.path.isdir(run_dir):
+        return []
+    steps = {int(m.group(1)) for f in os.listdir(run_dir) if (m := re.fullmatch(r"meta_(\d+)\.json", f))}
+    return sorted(steps)
+
+
+def latest_step(run_dir):
+    """The step `latest` points to if that checkpoint is complete; otherwise the newest
+    complete one on disk (e.g. `latest` lost); None when there is none."""
+    pointer = os.path.join(run_dir, "latest")
+    if os.path.isfile(pointer):
+        try:
+            step = int(open(pointer).read().strip())
+            if is_complete(run_dir, step):
+                return step
+        except ValueError:
+            pass
+    complete = [s for s in saved_steps(run_dir) if is_complete(run_dir, s)]
+    return complete[-1] if complete else None
+
+
+def load_meta(run_dir, step):
+    with open(_paths(run_dir, step)[2]) as f:
+        return json.load(f)
+
+
+def load_model_state(run_dir, step, device):
+    return torch.load(_paths(run_dir, step)[0], map_location=device, weights_only=True)
+
+
+def load_optimizer_state(run_dir, step, rank, device):
+    return torch.load(_paths(run_dir, step, rank)[1], map_location=device, weights_only=True)
+
+
+def model_from_state(model_config, state, device):
+    """Rebuild a GPT from its config dict and a state dict. The init runs first because it
+    computes the non-persistent buffers; then every persistent tensor is overwritten."""
+    model = build_model(GPTConfig(**model_config), device)
+    params = dict(model.state_dict())
+    for k, v in state.items():
+        if k in params and params[k].dtype != v.dtype:
+            state[k] = v.to(params[k].dtype)  # e.g. bf16 CUDA embeddings loaded on CPU
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def load_model(run_dir, step=None, device="cpu"):
+    """(model, meta) of a run's checkpoint: `step`, or the latest complete one."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run directory {run_dir} does not exist; train it with "
+                                f"`python -m scripts.base_train --model-tag {os.path.basename(run_dir)}`")
+    if step is None:
+        step = latest_step(run_dir)
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {run_dir}")
+    elif not is_complete(run_dir, step):
+        raise FileNotFoundError(f"no complete checkpoint of step {step} in {run_dir} "
+                                f"(complete: {[s for s in saved_steps(run_dir) if is_complete(run_dir, s)]})")
+    meta = load_meta(run_dir, step)
+    model = model_from_state(meta["model_config"], load_model_state(run_dir, step, device), device)
+    model.eval()
+    return model, meta

@@ -1,0 +1,160 @@
+"""The training run's settings: one table of flags that is both the CLI of
+scripts/base_train.py and the key set of the TOML configs (keys = flags with underscores;
+a flag given on the command line wins over the file). Also writes the resolved settings
+back as TOML, so a run directory records exactly what ran."""
+
+import argparse
+import os
+import tomllib
+
+
+def _bool(text):
+    if isinstance(text, bool):
+        return text
+    low = str(text).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _int_list(text):
+    if isinstance(text, list):
+        return [int(v) for v in text]
+    text = str(text).strip()
+    if not text:
+        return []
+    try:
+        return [int(v) for v in text.replace("x", ",").split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected factors like 2,2 or 4x2, got {text!r}") from None
+
+
+# (flag, type, default, help). Defaults are nanochat's at commit 4d8dbaf, with the
+# paper's values where the paper differs (noted).
+FLAGS = [
+    # run bookkeeping
+    ("run", str, "dummy", "wandb run name; 'dummy' disables wandb"),
+    ("model_tag", str, "", "run directory name under $NANOCHAT_BASE_DIR/runs (default d<depth>_<hc>)"),
+    ("device_type", str, "", "cuda | cpu | mps (empty: autodetect)"),
+    ("seed", int, 42, "seed for initialization"),
+    ("compile", _bool, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
+    ("data_dir", str, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
+    ("vocab_size", int, 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
+    # model
+    ("depth", int, 20, "number of transformer blocks"),
+    ("aspect_ratio", int, 64, "model_dim = depth * aspect_ratio, rounded up to a multiple of head_dim"),
+    ("head_dim", int, 128, "attention head dimension"),
+    ("max_seq_len", int, 2048, "context length"),
+    ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
+    # connections
+    ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc"),
+    ("hc_streams", int, 0, "number of streams n (0: the variant's default, 4 for HC variants)"),
+    ("hc_factors", _int_list, [], "KromHC factorization of n, e.g. 2,2,2 or 4x2 (default: prime factors)"),
+    ("hc_alpha_shared", _bool, True, "KromHC: one alpha_res shared by all factors"),
+    ("hc_sk_iters", int, 20, "mHC: Sinkhorn-Knopp iterations"),
+    ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
+    ("hc_recompute", _bool, False, "recompute connection mixes in backward to save activation memory"),
+    ("hc_lr", float, 0.005, "AdamW LR of every connection parameter (paper: 0.005)"),
+    ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
+    # horizon
+    ("num_iterations", int, -1, "explicit number of steps (highest precedence)"),
+    ("target_flops", float, -1.0, "compute budget: steps = flops / (flops_per_token * batch)"),
+    ("target_param_data_ratio", float, 10.5, "tokens : scaling params ratio when no steps/flops are given"),
+    # batch
+    ("device_batch_size", int, 32, "rows per rank per micro-step"),
+    ("total_batch_size", int, 524288, "tokens per optimizer step (gradient accumulation fills it)"),
+    # optimization
+    ("embedding_lr", float, 0.3, "AdamW LR of wte and value embeddings (x (C/768)^-0.5)"),
+    ("unembedding_lr", float, 0.004, "AdamW LR of lm_head (x (C/768)^-0.5)"),
+    ("matrix_lr", float, 0.02, "Muon LR"),
+    ("weight_decay", float, 0.2, "Muon cautious weight decay at depth 12 (scaled by (12/depth)^2)"),
+    ("warmup_ratio", float, 0.0, "fraction of steps of linear LR warmup"),
+    ("warmdown_ratio", float, 0.4, "fraction of steps of linear LR warmdown (nanochat 4d8dbaf / paper)"),
+    ("final_lr_frac", float, 0.0, "LR multiplier at the end of warmdown"),
+    # evaluation and checkpoints
+    ("eval_every", int, 250, "val bpb every N steps (-1 = only at the end)"),
+    ("eval_tokens", int, 20 * 524288, "tokens of the val split per bpb evaluation"),
+    ("core_metric_every", int, 2000, "CORE every N steps and at the end (-1 = never)"),
+    ("core_metric_max_per_task", int, 500, "examples per CORE task during training (-1 = all)"),
+    ("eval_bundle", str, "", "CORE bundle directory (default: $NANOCHAT_BASE_DIR/eval_bundle, downloaded)"),
+    ("sample_every", int, 2000, "print samples every N steps and at the end (-1 = never)"),
+    ("save_every", int, -1, "checkpoint every N steps (-1 = only at the end)"),
+    ("resume", _bool, False, "continue from the run directory's latest complete checkpoint"),
+]
+
+FLAG_NAMES = [name for name, *_ in FLAGS]
+
+# Settings that may change between a run and its resumption: they affect logging and
+# evaluation cadence only, never the trajectory of the weights.
+RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
+                     "core_metric_max_per_task", "eval_bundle", "sample_every", "save_every",
+                     "hc_stats_every", "compile", "device_type", "data_dir"}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.base_train",
+        description="Pretrain a nanochat GPT with a chosen stream connection. Every flag can "
+                    "also be a key (underscores) of the --config TOML; flags win.")
+    parser.add_argument("--config", default="", help="TOML file of settings (keys = flags)")
+    for name, typ, default, help_text in FLAGS:
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, type=typ, default=default, help=help_text)
+    return parser
+
+
+def load_toml(path):
+    """Read a flat TOML config and check that every key is a known flag."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: config file {path!r} not found")
+    with open(path, "rb") as f:
+        try:
+            values = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise SystemExit(f"error: {path}: invalid TOML ({e})") from None
+    unknown = sorted(set(values) - set(FLAG_NAMES))
+    if unknown:
+        raise SystemExit(f"error: {path}: unknown key(s) {', '.join(unknown)}; "
+                         f"see `python -m scripts.base_train --help` for the valid ones")
+    return values
+
+
+def parse_args(argv=None):
+    """CLI over TOML over defaults. Returns an argparse Namespace."""
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config:
+        values = load_toml(first.config)
+        for name, typ, *_ in FLAGS:
+            if name in values:
+                try:
+                    values[name] = typ(values[name])
+                except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+                    raise SystemExit(f"error: {first.config}: bad value for {name}: {e}") from None
+        parser.set_defaults(**values)
+    return parser.parse_args(argv)
+
+
+def settings(args):
+    """The flag values of a Namespace as a plain dict (without --config)."""
+    return {name: getattr(args, name) for name in FLAG_NAMES}
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if value is None:
+        raise ValueError("TOML has no null")
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def dumps_toml(values, header=""):
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+    return "\n".join(lines) + "\n"
