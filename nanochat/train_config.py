@@ -79,6 +79,7 @@ FLAGS = [
     ("core_metric_every", int, 2000, "CORE every N steps and at the end (-1 = never)"),
     ("core_metric_max_per_task", int, 500, "examples per CORE task during training (-1 = all)"),
     ("eval_bundle", str, "", "CORE bundle directory (default: $NANOCHAT_BASE_DIR/eval_bundle, downloaded)"),
+    ("core_tasks", str, "all", "CORE tasks: all | available (partial CORE over present files) | a,b,c"),
     ("sample_every", int, 2000, "print samples every N steps and at the end (-1 = never)"),
     ("save_every", int, -1, "checkpoint every N steps (-1 = only at the end)"),
     ("resume", _bool, False, "continue from the run directory's latest complete checkpoint"),
@@ -89,7 +90,7 @@ FLAG_NAMES = [name for name, *_ in FLAGS]
 # Settings that may change between a run and its resumption: they affect logging and
 # evaluation cadence only, never the trajectory of the weights.
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
-                     "core_metric_max_per_task", "eval_bundle", "sample_every", "save_every",
+                     "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
                      "hc_stats_every", "compile", "device_type", "data_dir"}
 
 

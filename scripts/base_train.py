@@ -1,0 +1,448 @@
+"""Pretrain a nanochat GPT with a chosen stream connection.
+
+    python -m scripts.base_train --config configs/paper/d12_kromhc.toml
+    torchrun --standalone --nproc_per_node=8 -m scripts.base_train --config ... [--flag value]
+    torchrun --nnodes=2 --node_rank=R --rdzv-endpoint=HOST:PORT --nproc_per_node=8 -m scripts.base_train ...
+
+The loop follows nanochat's base_train (commit 4d8dbaf): N+1 passes so that evaluation and
+saving happen after the last step; schedules of LR (warmup, constant, linear warmdown),
+Muon momentum (0.85 -> 0.95 over 300 steps) and Muon weight decay (linear to 0).
+Differences that keep runs safe and exact: the checkpoint of a step is written before
+that step's evaluations (an evaluation crash never loses training), resumption is exact
+(dataloader, optimizer, RNG and loop state), and a non-finite loss stops the run.
+"""
+
+import os
+
+os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from nanochat import checkpoint as ckpt  # noqa: E402
+from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
+                             peak_memory_mib, print0, synchronize)
+from nanochat.gpt import build_model, model_config_from_depth  # noqa: E402
+from nanochat.train_config import RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
+
+SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
+                  "If yesterday was Friday, then tomorrow will be", "The opposite of hot is",
+                  "The planets of the solar system are:", "My favorite color is", "If 5*x + 3 = 13, then x is"]
+
+
+# ----------------------------------------------------------------------------- schedules
+
+def lr_multiplier(step, num_iterations, warmup_ratio, warmdown_ratio, final_lr_frac):
+    warmup = round(warmup_ratio * num_iterations)
+    warmdown = round(warmdown_ratio * num_iterations)
+    if step < warmup:
+        return (step + 1) / warmup
+    if step <= num_iterations - warmdown:
+        return 1.0
+    progress = (num_iterations - step) / warmdown
+    return progress + (1 - progress) * final_lr_frac
+
+
+def muon_momentum(step):
+    frac = min(step / 300, 1.0)
+    return (1 - frac) * 0.85 + frac * 0.95
+
+
+def muon_weight_decay(step, num_iterations, weight_decay):
+    return weight_decay * (1 - step / num_iterations)
+
+
+# ----------------------------------------------------------------------------- set-up helpers
+
+def grad_accum_steps(total_batch_size, device_batch_size, seq_len, world_size):
+    """Micro-steps per optimizer step, or one error naming batch sizes that would work."""
+    per_step = device_batch_size * seq_len * world_size
+    if total_batch_size % per_step == 0:
+        return total_batch_size // per_step
+    row = seq_len * world_size
+    valid_dbs = [b for b in range(1, 2 * device_batch_size + 1) if total_batch_size % (b * row) == 0]
+    lower = (total_batch_size // per_step) * per_step
+    upper = lower + per_step
+    raise SystemExit(
+        f"error: --total-batch-size {total_batch_size} is not a multiple of device_batch_size x seq_len x "
+        f"world_size = {device_batch_size} x {seq_len} x {world_size} = {per_step}. Use "
+        + (f"--device-batch-size in {valid_dbs[-8:]}, or " if valid_dbs else "")
+        + f"--total-batch-size {upper}" + (f" or {lower}" if lower > 0 else "") + ".")
+
+
+def num_iterations_for(args, model, tokens_per_step):
+    if args.num_iterations > 0:
+        return args.num_iterations, "--num-iterations"
+    if args.target_flops > 0:
+        return round(args.target_flops / (model.estimate_flops() * tokens_per_step)), "--target-flops"
+    if args.target_param_data_ratio > 0:
+        return int(args.target_param_data_ratio * model.num_scaling_params()) // tokens_per_step, \
+            "--target-param-data-ratio"
+    raise SystemExit("error: no horizon: give --num-iterations, --target-flops or --target-param-data-ratio")
+
+
+def check_resume_settings(saved, current, saved_world, world_size):
+    if saved_world != world_size:
+        raise SystemExit(f"error: the checkpoint was written by {saved_world} ranks and this run has {world_size}; "
+                         f"resume with the same number of processes (the optimizer state and data order are sharded)")
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
+        raise SystemExit(f"error: --resume with changed settings ({details}). Resume with the run's own "
+                         f"config.toml, or start a new run under another --model-tag")
+
+
+def clean_metrics_log(path, resume_step):
+    """Drop records at or after the resumed step: they are replayed identically, and the log
+    must read as one uninterrupted run."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] < resume_step:
+                kept.append(line)
+        except (ValueError, KeyError):
+            break  # a torn last line from the kill: everything before it is whole
+    ckpt.atomic_write(path, "".join(kept))
+
+
+class MetricsLog:
+    """metrics.jsonl in the run directory (rank 0), and wandb when a run name is given."""
+
+    def __init__(self, path, wandb_run=None):
+        self.file = open(path, "a") if path else None
+        self.wandb = wandb_run
+
+    def log(self, kind, step, **values):
+        if self.file is None:
+            return
+        record = {"step": step, "kind": kind, **values}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            flat = {f"{kind}/{k}": v for k, v in values.items() if isinstance(v, (int, float))}
+            self.wandb.log(flat, step=step)
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def init_wandb(args, config_values, master):
+    if args.run == "dummy" or not master:
+        return None
+    import wandb
+    try:
+        return wandb.init(project="nanochat-hc", name=args.run, config=config_values)
+    except Exception as e:  # an unconfigured online wandb fails here: say how to proceed
+        raise SystemExit(f"error: wandb could not start ({e}). Log in (`wandb login`), or set "
+                         f"WANDB_MODE=offline, or drop --run to disable wandb") from None
+
+
+def gather_objects(obj, info):
+    if not info.ddp:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None):
+    args = parse_args(argv)
+    info, device = compute_init(args.device_type, seed=args.seed)
+    master = info.master
+    dtype = compute_dtype(device.type)
+    autocast = (torch.amp.autocast(device_type=device.type, dtype=dtype)
+                if dtype != torch.float32 else nullcontext())
+
+    # Imported here so that `--help` and flag errors do not pay for them.
+    from nanochat.dataloader import BestFitLoader
+    from nanochat.dataset import check_enough_data
+    from nanochat.optim import build_optimizer
+    from nanochat.tokenizer import get_token_bytes, get_tokenizer
+
+    tokenizer = get_tokenizer()
+    vocab_size = tokenizer.get_vocab_size()
+    if args.vocab_size and args.vocab_size != vocab_size:
+        raise SystemExit(f"error: the config expects vocab_size={args.vocab_size} but the trained tokenizer has "
+                         f"{vocab_size}; retrain it with `python -m scripts.tok_train --vocab-size {args.vocab_size}`")
+    token_bytes = get_token_bytes(device=device)
+
+    hc_fields = dict(hc=args.hc, hc_streams=args.hc_streams, hc_factors=args.hc_factors,
+                     hc_alpha_shared=args.hc_alpha_shared, hc_sk_iters=args.hc_sk_iters,
+                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute)
+    try:
+        config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
+                                         args.head_dim, args.window_pattern, **hc_fields)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
+    run_dir = ckpt.run_dir_for(model_tag)
+    values = settings(args)
+    values["model_tag"] = model_tag
+
+    # ---- resume or fresh start
+    start_step, loop = 0, {"smooth_train_loss": 0.0, "total_training_time": 0.0, "min_val_bpb": float("inf"),
+                           "val_bpb": None, "core_metric": None, "step_times": [], "tokens_per_sec": []}
+    resume_meta = None
+    if args.resume:
+        step = ckpt.latest_step(run_dir)
+        if step is None:
+            print0(f"--resume: no complete checkpoint in {run_dir}; starting from scratch")
+        else:
+            resume_meta = ckpt.load_meta(run_dir, step)
+            check_resume_settings(resume_meta["settings"], values, resume_meta["world_size"], info.world_size)
+            start_step = step
+    elif master and ckpt.saved_steps(run_dir):
+        raise SystemExit(f"error: {run_dir} already holds checkpoints; pass --resume to continue it, "
+                         f"or choose another --model-tag")
+
+    torch.manual_seed(args.seed)
+    model = build_model(config, device)
+    if resume_meta is not None:
+        model.load_state_dict(ckpt.load_model_state(run_dir, start_step, device), strict=True)
+    orig_model = model
+    use_compile = args.compile if args.compile is not None else device.type == "cuda"
+    if use_compile:
+        model = torch.compile(model, dynamic=False)
+
+    counts = orig_model.param_counts()
+    flops_per_token = orig_model.estimate_flops()
+    T = args.max_seq_len
+    accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
+    num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
+    batch_lr_scale = (args.total_batch_size / 2**19) ** 0.5
+    weight_decay = args.weight_decay * (12 / args.depth) ** 2
+
+    print0(f"run directory: {run_dir}")
+    print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "
+           f"vocab {vocab_size}, windows {orig_model.window_sizes}")
+    print0(f"connections: {config.hc}, n={config.hc_streams}"
+           + (f", factors {config.hc_factors}" if config.hc == "kromhc" else ""))
+    print0("parameter counts: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    print0(f"FLOPs per token: {flops_per_token:.3e}; steps: {num_iterations} (from {horizon_source}); "
+           f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
+    print0(f"LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay in force: "
+           f"{weight_decay:.4g} (= {args.weight_decay} x (12/{args.depth})^2, as nanochat scales it)")
+    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}")
+
+    if master:
+        check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
+    core_bundle = None
+    if args.core_metric_every > 0:  # check the bundle and the task list now, not at step 2000
+        from nanochat.core_eval import resolve_eval_bundle, select_tasks
+        try:
+            core_bundle = resolve_eval_bundle(args.eval_bundle or None)
+            select_tasks(core_bundle, args.core_tasks, args.core_metric_max_per_task)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"error: CORE during training (--core-metric-every {args.core_metric_every}): {e}"
+                             "\n(or pass --core-metric-every -1 to train without CORE)") from None
+
+    groups = orig_model.param_groups(
+        unembedding_lr=args.unembedding_lr * batch_lr_scale, embedding_lr=args.embedding_lr * batch_lr_scale,
+        matrix_lr=args.matrix_lr * batch_lr_scale, weight_decay=weight_decay, hc_lr=args.hc_lr * batch_lr_scale)
+    optimizer = build_optimizer(groups, info.world_size)
+    loader_state = None
+    if resume_meta is not None:
+        optimizer.load_state_dict(ckpt.load_optimizer_state(run_dir, start_step, info.rank, device))
+        rank_state = resume_meta["ranks"][info.rank]
+        loader_state = rank_state["dataloader"]
+        ckpt.restore_rng_state(rank_state["rng"])
+        loop.update(resume_meta["loop"])
+        print0(f"resumed from step {start_step} of {run_dir}")
+
+    data_dir = args.data_dir or None
+    train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
+                                 world_size=info.world_size, data_dir=data_dir, state=loader_state)
+
+    metrics_path = os.path.join(run_dir, "metrics.jsonl") if master else None
+    if master:
+        os.makedirs(run_dir, exist_ok=True)
+        ckpt.atomic_write(os.path.join(run_dir, "config.toml"),
+                          dumps_toml(values, header=f"Resolved settings of run {model_tag}"))
+        if start_step:
+            clean_metrics_log(metrics_path, start_step)
+        elif os.path.exists(metrics_path):
+            os.remove(metrics_path)
+    log = MetricsLog(metrics_path, init_wandb(args, values, master))
+
+    peak_flops = get_peak_flops(device)
+    tokens_per_step = args.total_batch_size
+    eval_steps = max(1, args.eval_tokens // (args.device_batch_size * T * info.world_size))
+
+    def due(every, step, last):
+        return last or (every > 0 and step > 0 and step % every == 0)
+
+    def save(step):
+        meta = None
+        rank_state = {"dataloader": train_loader.state_dict(), "rng": ckpt.encode_rng_state()}
+        ranks = gather_objects(rank_state, info)
+        if master:
+            meta = {"step": step, "model_config": dataclasses.asdict(config), "settings": values,
+                    "world_size": info.world_size, "num_iterations": num_iterations,
+                    "loop": loop, "ranks": ranks}
+        ckpt.save_rank_files(run_dir, step, info.rank, optimizer.state_dict(),
+                             model_state=orig_model.state_dict() if master else None, meta=meta)
+        if info.ddp:
+            dist.barrier()
+        if master:
+            ckpt.mark_latest(run_dir, step)
+            print0(f"saved checkpoint of step {step}")
+
+    def evaluate_val_bpb():
+        from nanochat.loss_eval import evaluate_bpb
+        val_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "val", device=device, rank=info.rank,
+                                   world_size=info.world_size, data_dir=data_dir)
+        model.eval()
+        with autocast:
+            bpb = evaluate_bpb(model, val_loader, eval_steps, token_bytes)
+        model.train()
+        return bpb
+
+    def evaluate_core():
+        from nanochat.core_eval import evaluate_core as run_core
+        orig_model.eval()
+        max_per_task = args.core_metric_max_per_task
+        with autocast:
+            out = run_core(orig_model, tokenizer, device, core_bundle, max_per_task=max_per_task,
+                           tasks=args.core_tasks)
+        orig_model.train()
+        return out
+
+    def print_samples():
+        orig_model.eval()
+        bos = tokenizer.get_bos_token_id()
+        with autocast:
+            for prompt in SAMPLE_PROMPTS:
+                ids = tokenizer.encode(prompt, prepend=bos)
+                out = list(orig_model.generate(ids, max_tokens=16, temperature=0))
+                print0(f"  {prompt!r} -> {tokenizer.decode(out)!r}")
+        orig_model.train()
+
+    def hc_stats(step):
+        from nanochat.connections.diagnostics import collect_hc_stats
+        x, _ = next(iter(BestFitLoader(tokenizer, 1, T, "val", device=device, data_dir=data_dir)))
+        orig_model.eval()
+        with autocast:
+            stats = collect_hc_stats(orig_model, x)
+        orig_model.train()
+        return stats
+
+    # ---- the loop: N+1 passes, the last one only saves and evaluates
+    step = start_step
+    gc.collect()
+    while True:
+        last = step == num_iterations
+        if step != start_step and due(args.save_every, step, last):
+            save(step)
+        if args.eval_every != 0 and (last or (args.eval_every > 0 and step % args.eval_every == 0)):
+            bpb = evaluate_val_bpb()
+            loop["val_bpb"] = bpb
+            loop["min_val_bpb"] = min(loop["min_val_bpb"], bpb)
+            print0(f"step {step:05d} | val bpb {bpb:.4f}")
+            log.log("val", step, bpb=bpb)
+        if args.core_metric_every > 0 and due(args.core_metric_every, step, last):
+            out = evaluate_core()
+            loop["core_metric"] = out["core_metric"]
+            print0(f"step {step:05d} | CORE {out['core_metric']:.4f}")
+            log.log("core", step, core_metric=out["core_metric"], centered=out["centered_results"],
+                    results=out["results"])
+        if master and args.sample_every > 0 and due(args.sample_every, step, last):
+            print_samples()
+        if args.hc_stats_every > 0 and config.hc != "residual" and due(args.hc_stats_every, step, last) and master:
+            stats = hc_stats(step)
+            log.log("hc", step, **stats)
+        if last:
+            break
+
+        # ---- one optimizer step
+        synchronize(device)
+        t0 = time.time()
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(accum):
+            x, y = next(train_loader)
+            with autocast:
+                loss = model(x, y)
+            loss_sum += loss.detach()
+            (loss / accum).backward()
+        lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * lrm
+            if group["kind"] == "muon":
+                group["momentum"] = muon_momentum(step)
+                group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay)
+        optimizer.step(measure_grad_norm=True)
+        model.zero_grad(set_to_none=True)
+        train_loss = loss_sum / accum
+        if info.ddp:
+            dist.all_reduce(train_loss)  # gloo has no AVG: sum, then divide
+            train_loss /= info.world_size
+        train_loss = train_loss.item()
+        synchronize(device)
+        dt = time.time() - t0
+        if not math.isfinite(train_loss):
+            good = ckpt.latest_step(run_dir)
+            raise SystemExit(f"error: non-finite training loss ({train_loss}) at step {step}. The run stops here; "
+                             + (f"the last good checkpoint is step {good} in {run_dir}." if good is not None
+                                else "no checkpoint was saved yet (use --save-every to keep some)."))
+
+        beta = 0.9  # debiased EMA of the loss, as nanochat prints it
+        loop["smooth_train_loss"] = beta * loop["smooth_train_loss"] + (1 - beta) * train_loss
+        smooth = loop["smooth_train_loss"] / (1 - beta ** (step + 1))
+        if step > 10:  # skip compile/warm-up steps in the timing statistics
+            loop["total_training_time"] += dt
+            loop["step_times"].append(dt)
+            loop["tokens_per_sec"].append(tokens_per_step / dt)
+        tok_per_sec = tokens_per_step / dt
+        mfu = 100 * flops_per_token * tokens_per_step / dt / (peak_flops * info.world_size)
+        norms = optimizer.grad_norms
+        peak_mem = peak_memory_mib(device)
+        print0(f"step {step:05d}/{num_iterations} | loss {train_loss:.4f} (smooth {smooth:.4f}) | lrm {lrm:.3f} | "
+               f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
+               f"mfu {mfu:.2f} | epoch {train_loader.epoch}")
+        log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
+                hc_grad_norm=norms.get("hc"), tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
+                total_time=loop["total_training_time"], epoch=train_loader.epoch,
+                tokens=(step + 1) * tokens_per_step)
+        step += 1
+
+    if master:
+        summary = {
+            "complete": True, "step": step, "num_iterations": num_iterations,
+            "train_loss_smooth": loop["smooth_train_loss"] / (1 - 0.9 ** max(step, 1)),
+            "val_bpb": loop["val_bpb"], "min_val_bpb": loop["min_val_bpb"] if loop["val_bpb"] is not None else None,
+            "core_metric": loop["core_metric"],
+            "params": {"total": counts["total"], "hc": counts["connections"], "wte": counts["wte"],
+                       "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
+                       "transformer_matrices": counts["transformer_matrices"]},
+            "hc": config.hc, "hc_streams": config.hc_streams, "hc_factors": config.hc_factors,
+            "hc_alpha_shared": config.hc_alpha_shared, "depth": config.n_layer, "model_dim": config.n_embd,
+            "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
+            "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
+            "peak_mem_mib": peak_memory_mib(device), "world_size": info.world_size, "device": str(device.type),
+            "total_training_time": loop["total_training_time"],
+        }
+        ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+        print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "
+               f"peak memory {summary['peak_mem_mib']:.0f} MiB)")
+    log.close()
+    compute_cleanup()
+
+
+if __name__ == "__main__":
+    main()
