@@ -1,0 +1,412 @@
+"""The optimizer: AdamW for embeddings, head and every hyper-connection parameter, Muon for
+the transformer's matrices, in one torch.optim.Optimizer with nanochat's math (commit
+4d8dbaf). `MuonAdamW` runs in one process; `DistMuonAdamW` shards gradients and optimizer
+state across ranks (ZeRO-2 style, no DDP wrapper); `build_optimizer` picks one.
+
+Groups are dicts with "kind":
+  "adamw": params, lr, betas, eps (1e-10), weight_decay (0)
+  "muon":  params of one 2-D shape, lr, momentum (0.95), ns_steps (5), beta2 (0.95),
+           weight_decay (0)
+and an optional "name" (default "<kind><index>"), which keys the gradient norms. Every group
+gets "initial_lr" = lr. The training loop may change lr, momentum and weight_decay between
+steps; the kernels take them as 0-D CPU tensors so that a compiled kernel never recompiles
+for a new value.
+
+step(measure_grad_norm=True) also leaves `optimizer.grad_norms` = {"total": float,
+<group name>: float, ...}: L2 norms of the rank-averaged gradients, groups sharing a name
+pooled. Without the flag it is None and the step does no extra synchronization.
+"""
+
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+
+from nanochat.common import compute_dtype
+
+# Polar Express (Amsel, Persson, Musco, Gower, arXiv 2505.16932) coefficients (a, b, c), one
+# per iteration, computed for 5 iterations with safety factor 2e-2 and cushion 2; values as
+# in karpathy/nanochat nanochat/optim.py (`polar_express_coeffs`).
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+# Kernels are compiled on CUDA only (on CPU/MPS compiling costs more than it saves);
+# NANOCHAT_COMPILE_OPTIM=0 runs them eagerly everywhere.
+COMPILE_ON_CUDA = os.environ.get("NANOCHAT_COMPILE_OPTIM", "1") != "0"
+
+# DistMuonAdamW all-reduces AdamW params below this size instead of sharding them.
+SMALL_PARAM_NUMEL = 1024
+
+_ADAMW_DEFAULTS = {"eps": 1e-10, "weight_decay": 0.0}
+_MUON_DEFAULTS = {"momentum": 0.95, "ns_steps": 5, "beta2": 0.95, "weight_decay": 0.0}
+_REQUIRED = {"adamw": ("lr", "betas"), "muon": ("lr",)}
+_COMMON_KEYS = {"params", "kind", "name", "lr", "initial_lr"}
+_ALLOWED = {"adamw": _COMMON_KEYS | {"betas"} | set(_ADAMW_DEFAULTS), "muon": _COMMON_KEYS | set(_MUON_DEFAULTS)}
+
+
+def polar_express(G, ns_steps=5):
+    """Approximate polar factor U V^T of each matrix in G (..., rows, cols), computed in G's
+    dtype. Not exact: singular values come out near 1, not at 1."""
+    X = G / (G.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+    tall = G.size(-2) > G.size(-1)
+    for a, b, c in POLAR_EXPRESS_COEFFS[:ns_steps]:
+        # Square the smaller Gram matrix: X^T X for tall matrices, X X^T otherwise.
+        if tall:
+            A = X.mT @ X
+            X = a * X + X @ (b * A + c * (A @ A))
+        else:
+            A = X @ X.mT
+            X = a * X + (b * A + c * (A @ A)) @ X
+    return X
+
+
+def adamw_update(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd):
+    """One AdamW step on one tensor, in place: decoupled weight decay, bias-corrected moments.
+    The math runs in fp32 and is written back in each tensor's own dtype (bf16 embeddings
+    on CUDA keep bf16 state). Hyper-parameters are 0-D CPU tensors."""
+    g = grad.float()
+    m = exp_avg.float() * beta1 + g * (1 - beta1)
+    v = exp_avg_sq.float() * beta2 + g.square() * (1 - beta2)
+    bias1 = 1 - beta1 ** step
+    bias2 = 1 - beta2 ** step
+    new_p = p.float() * (1 - lr * wd) - (lr / bias1) * m / ((v / bias2).sqrt() + eps)
+    p.copy_(new_p)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+
+
+def muon_update(grads, params, momentum_buffer, second_momentum_buffer, momentum, lr, wd, beta2,
+                ns_steps, red_dim, ortho_dtype):
+    """One Muon step on a stack of K same-shape matrices (K, rows, cols), in place on params
+    and both buffers. lr is already scaled by the shape; hyper-parameters are 0-D CPU tensors."""
+    # Nesterov momentum: the buffer is an EMA of gradients, the update looks one step ahead.
+    momentum_buffer.mul_(momentum).add_((1 - momentum) * grads)
+    g = (1 - momentum) * grads + momentum * momentum_buffer
+    X = polar_express(g.to(ortho_dtype), ns_steps).to(params.dtype)
+    # NorMuon: orthogonalized rows (or columns) come out with uneven scales; divide each by an
+    # EMA of its RMS (taken over the shorter dim), then restore the matrix's Frobenius norm.
+    v_mean = X.float().square().mean(dim=red_dim, keepdim=True)
+    second_momentum_buffer.mul_(beta2).add_((1 - beta2) * v_mean.to(second_momentum_buffer.dtype))
+    U = X * second_momentum_buffer.clamp_min(1e-10).rsqrt()
+    U = U * (X.norm(dim=(-2, -1), keepdim=True) / U.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+    # Cautious weight decay: decay only the coordinates the update moves the same way.
+    mask = (U * params) >= 0
+    params.sub_(lr * U + (lr * wd) * params * mask)
+
+
+@functools.cache
+def _compiled(fn, dynamic):
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True)
+
+
+def _kernel(fn, device, dynamic):
+    """fn itself, or its compiled form on CUDA. AdamW runs on flattened tensors compiled with
+    dynamic shapes, so that dozens of distinct small shapes cost one graph instead of hitting
+    dynamo's recompile limit (a hard error under fullgraph); Muon groups have few shapes."""
+    if device.type == "cuda" and COMPILE_ON_CUDA:
+        return _compiled(fn, dynamic)
+    return fn
+
+
+@functools.cache
+def _ortho_dtype(device_type):
+    """Polar Express runs in bf16 where the model computes in bf16 (CUDA sm80+), as nanochat
+    does; elsewhere (CPU, MPS, older GPUs) in fp32, which is exact enough and, on CPU, faster."""
+    return torch.bfloat16 if compute_dtype(device_type) == torch.bfloat16 else torch.float32
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the "muon" groups, AdamW for the "adamw" groups, in one process."""
+
+    world_size = 1
+    rank = 0
+
+    def __init__(self, param_groups):
+        self.grad_norms = None
+        # Reused 0-D CPU tensors for the hyper-parameters (see module docstring).
+        self._scalars = {k: torch.zeros((), dtype=torch.float32) for k in
+                         ("step", "lr", "beta1", "beta2", "eps", "wd", "momentum", "muon_lr", "muon_wd", "muon_beta2")}
+        super().__init__(param_groups, defaults={})
+
+    def add_param_group(self, group):
+        index = len(self.param_groups)
+        if not isinstance(group, dict):
+            raise ValueError(f"parameter group {index} must be a dict with a 'kind' ('adamw' or 'muon'), got {type(group).__name__}")
+        kind = group.get("kind")
+        if kind not in _REQUIRED:
+            raise ValueError(f"parameter group {index} has kind={kind!r}; set 'kind' to 'adamw' or 'muon'")
+        missing = [k for k in ("params",) + _REQUIRED[kind] if k not in group]
+        if missing:
+            raise ValueError(f"{kind} group {index} lacks {missing}; add them to the group dict")
+        unknown = sorted(set(group) - _ALLOWED[kind])
+        if unknown:
+            raise ValueError(f"{kind} group {index} has unknown keys {unknown}; allowed: {sorted(_ALLOWED[kind])}")
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
+        for key, value in (_ADAMW_DEFAULTS if kind == "adamw" else _MUON_DEFAULTS).items():
+            group.setdefault(key, value)
+        group.setdefault("name", f"{kind}{index}")
+        group.setdefault("initial_lr", group["lr"])
+        if group["name"] == "total":
+            raise ValueError(f"group {index} is named 'total', which grad_norms reserves for the global norm; rename it")
+        if kind == "muon":
+            self._check_muon_group(group, index)
+        super().add_param_group(group)
+
+    @staticmethod
+    def _check_muon_group(group, index):
+        params = group["params"]
+        if not params:
+            raise ValueError(f"muon group {index} ({group['name']}) has no params; drop the group")
+        if not 1 <= group["ns_steps"] <= len(POLAR_EXPRESS_COEFFS):
+            raise ValueError(f"muon group {index}: ns_steps={group['ns_steps']}, but Polar Express "
+                             f"has coefficients for 1..{len(POLAR_EXPRESS_COEFFS)} iterations")
+        for p in params:
+            if p.ndim != 2:
+                raise ValueError(f"muon group {index} ({group['name']}) holds a {p.ndim}-D param of shape "
+                                 f"{tuple(p.shape)}; Muon orthogonalizes matrices, put it in an adamw group")
+        shapes = sorted({(tuple(p.shape), p.dtype) for p in params}, key=str)
+        if len(shapes) > 1:
+            raise ValueError(f"muon group {index} ({group['name']}) mixes shapes/dtypes {shapes}; "
+                             "make one muon group per shape")
+
+    # ---- kernels with their hyper-parameters
+
+    def _fill(self, **values):
+        out = []
+        for k, v in values.items():
+            self._scalars[k].fill_(v)
+            out.append(self._scalars[k])
+        return out
+
+    def _adamw(self, p, grad, state, group):
+        """Update p (a param or its owned slice) from its averaged gradient; lazy state like p."""
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        scalars = self._fill(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
+                             eps=group["eps"], wd=group["weight_decay"])
+        kernel = _kernel(adamw_update, p.device, dynamic=True)
+        kernel(p.view(-1), grad.reshape(-1), state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1), *scalars)
+
+    def _muon(self, grads, params, state, group):
+        """Update a stack of K matrices (a whole group, or this rank's chunk of it) in place from
+        their stacked averaged gradients; the group's state lives in state (buffers of K)."""
+        K, rows, cols = params.shape
+        if not state:
+            state["momentum_buffer"] = torch.zeros_like(params)
+            # one second-moment statistic per element of the longer dim
+            shape = (K, rows, 1) if rows >= cols else (K, 1, cols)
+            state["second_momentum_buffer"] = torch.zeros(shape, dtype=params.dtype, device=params.device)
+        red_dim = -1 if rows >= cols else -2
+        scalars = self._fill(momentum=group["momentum"], muon_lr=group["lr"] * max(1.0, rows / cols) ** 0.5,
+                             muon_wd=group["weight_decay"], muon_beta2=group["beta2"])
+        kernel = _kernel(muon_update, params.device, dynamic=False)
+        kernel(grads, params, state["momentum_buffer"], state["second_momentum_buffer"], *scalars,
+               group["ns_steps"], red_dim, _ortho_dtype(params.device.type))
+
+    # ---- gradient norms
+
+    def _norm_accumulator(self):
+        """(index of each group's name, zero vector of squared norms per name)."""
+        names = list(dict.fromkeys(g["name"] for g in self.param_groups))
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        index = [names.index(g["name"]) for g in self.param_groups]
+        return names, index, torch.zeros(len(names), dtype=torch.float32, device=device)
+
+    @staticmethod
+    def _norms_dict(names, sq):
+        values = sq.tolist()
+        out = {"total": sum(values) ** 0.5}
+        out.update({n: v ** 0.5 for n, v in zip(names, values)})
+        return out
+
+    # ---- step
+
+    @torch.no_grad()
+    def step(self, measure_grad_norm=False):
+        """Update every param from its .grad. AdamW params without a grad are skipped; a muon
+        group is skipped only when none of its params has a grad."""
+        if measure_grad_norm:
+            names, index, sq = self._norm_accumulator()
+        for gi, group in enumerate(self.param_groups):
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if measure_grad_norm:
+                        sq[index[gi]] += p.grad.float().square().sum()
+                    self._adamw(p, p.grad, self.state[p], group)
+                continue
+            params = group["params"]
+            with_grad = [p.grad is not None for p in params]
+            if not any(with_grad):
+                continue
+            if not all(with_grad):
+                raise RuntimeError(f"muon group {group['name']}: some params have no gradient; Muon updates "
+                                   "the group as one stack, so every param needs one (or none)")
+            grads = torch.stack([p.grad for p in params])
+            if measure_grad_norm:
+                sq[index[gi]] += grads.float().square().sum()
+            stacked = torch.stack(params)
+            self._muon(grads, stacked, self.state[params[0]], group)
+            torch._foreach_copy_(params, list(stacked.unbind(0)))
+        self.grad_norms = self._norms_dict(names, sq) if measure_grad_norm else None
+
+    # ---- checkpoints: state is per rank, so record which shard it is
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["sharding"] = {"rank": self.rank, "world_size": self.world_size}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("sharding", None)
+        here = {"rank": self.rank, "world_size": self.world_size}
+        if saved is not None and saved != here:
+            raise ValueError(f"optimizer state was saved by rank {saved['rank']} of {saved['world_size']}, "
+                             f"this is rank {self.rank} of {self.world_size}; resume with the same world size "
+                             "and load optim_<step>_rank<r>.pt on rank r")
+        super().load_state_dict(state_dict)
+
+
+# Async collectives; the *_single names replace the deprecated *_tensor ones in new torch.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class DistMuonAdamW(MuonAdamW):
+    """MuonAdamW across ranks, ZeRO-2 style: gradients are averaged across ranks (on entry
+    each rank's .grad holds its own local gradient; .grad is left unchanged), each rank updates
+    and keeps state only for the part it owns, and the updated params are all-gathered.
+
+    - AdamW params are reduce-scattered along dim 0; a rank updates its rows. Params under
+      SMALL_PARAM_NUMEL elements, or whose dim 0 does not divide the world size, are instead
+      all-reduced (all of them in one flat buffer per dtype) and updated on every rank.
+    - A muon group's K grads are stacked, zero-padded to ceil(K/W)*W and reduce-scattered;
+      rank r owns matrices [r*ceil(K/W), (r+1)*ceil(K/W)) of the group.
+    - Reductions use SUM then a division by W: gloo has no AVG on every torch version.
+    Communication runs in three phases: launch every reduction; per group, wait, update and
+    launch its all-gather; wait for the gathers.
+    """
+
+    def __init__(self, param_groups):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("DistMuonAdamW needs a process group: launch under torchrun and call "
+                               "common.compute_init() first, or use MuonAdamW in a single process")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        super().__init__(param_groups)
+
+    def _shards(self, p):
+        """Does p get reduce-scattered (True) or all-reduced (False)?"""
+        return p.numel() >= SMALL_PARAM_NUMEL and p.shape[0] % self.world_size == 0
+
+    @torch.no_grad()
+    def step(self, measure_grad_norm=False):
+        W, rank = self.world_size, self.rank
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    raise RuntimeError(f"param of shape {tuple(p.shape)} in group {group['name']} has no gradient; "
+                                       "DistMuonAdamW needs every param's gradient on every rank (the collectives "
+                                       "must match), so run backward first or drop the param from the optimizer")
+        if measure_grad_norm:
+            names, index, sq = self._norm_accumulator()
+
+        # Phase 1: launch every reduction. The small/indivisible AdamW params first, all in
+        # one flat buffer per dtype, since the connection variants have dozens of tiny params.
+        replicated = [p for g in self.param_groups if g["kind"] == "adamw" for p in g["params"] if not self._shards(p)]
+        buckets = {}
+        for p in replicated:
+            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        flat_works = []
+        for plist in buckets.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in plist])
+            flat_works.append((dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True), flat, plist))
+        pending = []
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                shards = {}
+                for p in group["params"]:
+                    if self._shards(p):
+                        grad_slice = torch.empty_like(p.grad[:p.shape[0] // W])
+                        work = _reduce_scatter(grad_slice, p.grad.contiguous(), op=dist.ReduceOp.SUM, async_op=True)
+                        shards[p] = (work, grad_slice)
+                pending.append(shards)
+            else:
+                params = group["params"]
+                chunk = -(-len(params) // W)
+                stacked = torch.zeros(chunk * W, *params[0].shape, dtype=params[0].dtype, device=params[0].device)
+                torch.stack([p.grad for p in params], out=stacked[:len(params)])
+                grad_chunk = torch.empty_like(stacked[:chunk])
+                work = _reduce_scatter(grad_chunk, stacked, op=dist.ReduceOp.SUM, async_op=True)
+                pending.append((work, grad_chunk, stacked, chunk))
+
+        # Phase 2: wait, update what this rank owns, launch the gathers.
+        averaged = {}
+        for work, flat, plist in flat_works:
+            work.wait()
+            flat.div_(W)
+            for p, g in zip(plist, flat.split([p.numel() for p in plist])):
+                averaged[p] = g.view_as(p)
+        gathers = []
+        for gi, (group, info) in enumerate(zip(self.param_groups, pending)):
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    if p in info:
+                        work, grad_slice = info[p]
+                        work.wait()
+                        grad_slice.div_(W)
+                        rows = p.shape[0] // W
+                        p_slice = p[rank * rows:(rank + 1) * rows]
+                        if measure_grad_norm:
+                            sq[index[gi]] += grad_slice.float().square().sum()
+                        self._adamw(p_slice, grad_slice, self.state[p], group)
+                        # p_slice is this rank's block of p: an in-place gather
+                        gathers.append((_all_gather(p, p_slice, async_op=True), None, None))
+                    else:
+                        if measure_grad_norm and rank == 0:  # replicated: count once
+                            sq[index[gi]] += averaged[p].float().square().sum()
+                        self._adamw(p, averaged[p], self.state[p], group)
+                continue
+            work, grad_chunk, stacked, chunk = info
+            params = group["params"]
+            work.wait()
+            grad_chunk.div_(W)
+            start = rank * chunk
+            owned = params[start:start + chunk]
+            if measure_grad_norm:
+                sq[index[gi]] += grad_chunk.float().square().sum()  # the padding is zeros
+            updated = torch.zeros_like(grad_chunk)
+            if owned:
+                updated[:len(owned)] = torch.stack(owned)
+                self._muon(grad_chunk[:len(owned)], updated[:len(owned)], self.state[params[0]], group)
+            # the padded grad stack is free again: gather the updated matrices into it
+            gathers.append((_all_gather(stacked, updated, async_op=True), stacked, params))
+
+        if measure_grad_norm:
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM)
+            self.grad_norms = self._norms_dict(names, sq)
+        else:
+            self.grad_norms = None
+
+        # Phase 3: wait for the gathers; muon groups copy the stack back into their params.
+        for work, stacked, params in gathers:
+            work.wait()
+            if params is not None:
+                torch._foreach_copy_(params, list(stacked[:len(params)].unbind(0)))
+
+
+def build_optimizer(param_groups, world_size):
+    """DistMuonAdamW when training on several ranks, MuonAdamW otherwise."""
+    return DistMuonAdamW(param_groups) if world_size > 1 else MuonAdamW(param_groups)
