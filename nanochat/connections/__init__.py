@@ -6,15 +6,22 @@ sub-layer j (attention for even j, MLP for odd j), and `reduce` folds the stream
 (B, T, C). Adding a variant means adding a module and one line in `VARIANTS`.
 """
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
-from nanochat.connections import residual
+from nanochat.connections import hc, kromhc, mhc, mhc_lite, residual
 
 # name -> module exposing `resolve(cfg)` (validate and fill the hc fields in place) and
 # `make_layers(cfg) -> list[nn.Module]` (the 2 * n_layer layers).
 VARIANTS = {
     "residual": residual,
+    "hc": hc,
+    "hc_identity": hc,
+    "mhc": mhc,
+    "mhc_lite": mhc_lite,
+    "kromhc": kromhc,
 }
 
 
@@ -41,6 +48,20 @@ class StreamConnections(nn.Module):
     def init_weights(self):
         for layer in self.layers:
             layer.init_weights()
+
+    @contextmanager
+    def capture(self):
+        """Within the block every layer records the coefficients its forward used (see
+        diagnostics.record_layer); yields one dict per layer, in forward order. For the
+        uncompiled model only: a compiled graph does not see the flag."""
+        records = [{} for _ in self.layers]
+        for layer, record in zip(self.layers, records):
+            layer.capture = record
+        try:
+            yield records
+        finally:
+            for layer in self.layers:
+                layer.capture = None
 
 
 def resolve_config(cfg):

@@ -9,12 +9,15 @@ l_x0 = 0 (the paper's appendix; nanochat's own pin used 0.1).
 import torch
 from torch import nn
 
+from nanochat.connections.diagnostics import record_layer
+
 
 class ResidualLayer(nn.Module):
     def __init__(self, block_start):
         super().__init__()
         # [l_resid, l_x0], only where a block starts; packed so there is one tensor per block.
         self.lambdas = nn.Parameter(torch.empty(2)) if block_start else None
+        self.capture = None  # a dict while StreamConnections.capture() is active
 
     @torch.no_grad()
     def init_weights(self):
@@ -22,6 +25,8 @@ class ResidualLayer(nn.Module):
             self.lambdas.copy_(torch.tensor([1.0, 0.0]))
 
     def forward(self, X, branch, x0):
+        if self.capture is not None:
+            record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
         if self.lambdas is not None:
             x = self.lambdas[0] * x + self.lambdas[1] * x0

@@ -1,0 +1,98 @@
+"""The doubly stochastic toolbox behind the constrained variants: permutation matrices,
+log-space Sinkhorn-Knopp, batched Kronecker products, and the factorizations of n that
+KromHC accepts.
+
+Every matrix here follows the H-convention of the connections package: rows are target
+streams, columns are source streams, `X_next = H @ X`.
+"""
+
+import itertools
+import math
+
+import torch
+
+# Largest factor KromHC accepts: a factor i costs i! logits per layer (5! = 120; 7! = 5040).
+MAX_FACTOR = 5
+
+
+def permutation_matrices(m, device=None, dtype=torch.float32):
+    """All m! permutation matrices of size m, shape (m!, m, m), in itertools order (so the
+    identity is first): matrix p has P[i, perm_p[i]] = 1, i.e. (P @ X)[i] = X[perm_p[i]]."""
+    perms = torch.tensor(list(itertools.permutations(range(m))), device=device)
+    return torch.nn.functional.one_hot(perms, m).to(dtype)
+
+
+def sinkhorn_log(logits, iters):
+    """Sinkhorn-Knopp from exp(logits) over the last two dims, in log space: `iters` rounds
+    of row normalization then column normalization. The last step normalizes columns, so
+    column sums are 1 to rounding; row sums carry the remaining Sinkhorn error (tiny for
+    moderate logits, larger when a row's logits spread widely)."""
+    log_h = logits
+    for _ in range(iters):
+        log_h = log_h - torch.logsumexp(log_h, dim=-1, keepdim=True)
+        log_h = log_h - torch.logsumexp(log_h, dim=-2, keepdim=True)
+    return log_h.exp()
+
+
+def kron(a, b):
+    """Batched Kronecker product over the last two dims: (..., m, p) x (..., q, r) -> (..., mq, pr),
+    entry [i*q + k, j*r + l] = a[i, j] * b[k, l] (torch.kron's layout, per batch element)."""
+    m, p = a.shape[-2:]
+    q, r = b.shape[-2:]
+    out = a[..., :, None, :, None] * b[..., None, :, None, :]
+    return out.reshape(*out.shape[:-4], m * q, p * r)
+
+
+def kron_factors(factors):
+    """The paper's H_res = U^K kron ... kron U^1 from the list [U^1, ..., U^K]: U^1 acts on
+    the fastest-varying digit of the stream index, U^K on the slowest."""
+    h = factors[0]
+    for u in factors[1:]:
+        h = kron(u, h)
+    return h
+
+
+def prime_factors(n):
+    """Prime factorization in descending order, e.g. 12 -> [3, 2, 2]."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return sorted(out, reverse=True)
+
+
+def _nearby_supported(n):
+    """The closest stream counts below and above n whose prime factors are all <= MAX_FACTOR."""
+    ok = lambda m: m >= 2 and max(prime_factors(m)) <= MAX_FACTOR
+    below = next((m for m in range(n - 1, 1, -1) if ok(m)), None)
+    above = next(m for m in itertools.count(n + 1) if ok(m))
+    return [m for m in (below, above) if m is not None]
+
+
+def default_factors(n):
+    """KromHC's default factorization: the prime factors of n, descending, each <= MAX_FACTOR."""
+    factors = prime_factors(n)
+    if factors[0] > MAX_FACTOR:
+        near = " or ".join(str(m) for m in _nearby_supported(n))
+        raise ValueError(f"kromhc with n={n} needs a factor {factors[0]} > {MAX_FACTOR} "
+                         f"({factors[0]}! permutations per layer); use a nearby n such as {near}")
+    return factors
+
+
+def check_factors(n, factors):
+    """Validate an explicit KromHC factorization of n; raises ValueError naming the fix."""
+    factors = list(factors)
+    if any(not isinstance(i, int) or i < 2 for i in factors):
+        raise ValueError(f"hc_factors={factors}: every factor must be an integer >= 2")
+    if math.prod(factors) != n:
+        raise ValueError(f"hc_factors={factors} multiply to {math.prod(factors)}, not hc_streams={n}; "
+                         f"give factors whose product is n (default for n={n}: prime factors)")
+    too_big = [i for i in factors if i > MAX_FACTOR]
+    if too_big:
+        raise ValueError(f"hc_factors={factors}: factor {too_big[0]} > {MAX_FACTOR} would need "
+                         f"{math.factorial(too_big[0])} permutation logits per layer; split it into smaller factors")
+    return factors

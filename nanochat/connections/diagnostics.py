@@ -1,0 +1,152 @@
+"""Measurements of the connection variants: parameter accounting (the paper's Table 2
+column and its params-vs-n figure), doubly-stochastic errors per layer, and the Figure-2
+composite: per token, the product of every layer's H_res in float64.
+
+Matrices are in the H-convention (X_next = H_res @ X + ...), so for the composite
+P = H_L ... H_1 the row sums give the forward gain (how much of the streams' total lands in
+one output stream) and the column sums the backward gain. The paper's "column sums" are
+those of its code's A = H^T, i.e. our row sums; both are reported.
+"""
+
+import math
+
+import torch
+
+from nanochat.connections.birkhoff import check_factors, default_factors
+
+HC_VARIANTS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
+
+
+# ----- parameter accounting -----
+
+def res_logit_count(variant, n, factors=None):
+    """R, the res columns of W: n^2 (hc, mhc), n! (mhc_lite), sum_k i_k! (kromhc), 0 (hc_identity)."""
+    if variant not in HC_VARIANTS:
+        raise ValueError(f"unknown hyper-connection variant {variant!r}; choose one of {', '.join(HC_VARIANTS)}")
+    if n < 2:
+        raise ValueError(f"{variant} needs n >= 2 streams (got {n})")
+    if factors and variant != "kromhc":
+        raise ValueError(f"factors only apply to kromhc (got variant {variant!r})")
+    if variant == "kromhc":
+        factors = check_factors(n, factors) if factors else default_factors(n)
+        return sum(math.factorial(i) for i in factors)
+    return {"hc": n * n, "mhc": n * n, "mhc_lite": math.factorial(n), "hc_identity": 0}[variant]
+
+
+def hc_layer_params(variant, n, C, factors=None, norm_weight=True, alpha_shared=True):
+    """Parameters of one HC layer: nC*(2n + R) for W, 2n + R biases, the alphas (a_pre,
+    a_post, and one a_res, or one per Kronecker factor when alpha_shared is False, or none
+    for hc_identity), and nC for the RMSNorm weight. With the norm weight and shared alpha:
+    nC*(2n + R) + (2n + R) + 3 + nC (hc_identity: nC*2n + 2n + 2 + nC).
+    `residual` has 2 scalars per block, reported as 1 per layer (its mean)."""
+    if variant == "residual":
+        return 1
+    R = res_logit_count(variant, n, factors)
+    k = 2 * n + R
+    if variant == "hc_identity":
+        alphas = 2
+    elif variant == "kromhc" and not alpha_shared:
+        alphas = 2 + len(check_factors(n, factors) if factors else default_factors(n))
+    else:
+        alphas = 3
+    return n * C * k + k + alphas + (n * C if norm_weight else 0)
+
+
+def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_shared=True):
+    """All connection parameters of a depth-`depth` model: L = 2 * depth HC layers."""
+    return 2 * depth * hc_layer_params(variant, n, C, factors, norm_weight, alpha_shared)
+
+
+# ----- per-layer and composite measures -----
+
+def record_layer(store, X, h_pre, h_post, h_res):
+    """What a layer in capture mode keeps (detached): its coefficients and the RMS of each
+    stream it received."""
+    rms = X.detach().float().square().flatten(0, -3).mean(dim=(0, 2)).sqrt()
+    store.update(h_pre=h_pre.detach().float(), h_post=h_post.detach().float(),
+                 h_res=h_res.detach().float(), stream_rms=rms, stream_dtype=str(X.dtype).replace("torch.", ""))
+
+
+def ds_errors(h):
+    """Doubly-stochastic errors of a batch of matrices (..., n, n): max |row sum - 1|,
+    max |column sum - 1|, min entry."""
+    return {"row_err": (h.sum(-1) - 1).abs().max().item(),
+            "col_err": (h.sum(-2) - 1).abs().max().item(),
+            "min_entry": h.min().item()}
+
+
+def composite_product(h_res_list):
+    """Per token P = H_L @ ... @ H_1 in float64 (the map X_0 -> X_L of the residual path),
+    from a list of (..., n, n) in forward order; returns (N, n, n)."""
+    P = None
+    for h in h_res_list:
+        P = compose(P, h)
+    return P
+
+
+def compose(P, h):
+    """One more layer on the composite: h @ P in float64 (P = None starts from h)."""
+    h = h.reshape(-1, *h.shape[-2:]).double()
+    return h if P is None else h @ P
+
+
+def composite_stats(P):
+    """Figure-2 numbers of a batch of composites P (N, n, n): column-sum and row-sum MAE
+    against 1 (mean over tokens of the per-token mean, and the worst token), forward and
+    backward gain (largest absolute row / column sum over tokens), and the mean distance of
+    P from the uniform mixer J/n (depth drives products of positive doubly stochastic
+    matrices there)."""
+    n = P.shape[-1]
+    col = (P.sum(-2) - 1).abs().mean(-1)
+    row = (P.sum(-1) - 1).abs().mean(-1)
+    return {
+        "composite_col_mae": col.mean().item(),
+        "composite_row_mae": row.mean().item(),
+        "composite_col_mae_max": col.max().item(),
+        "composite_row_mae_max": row.max().item(),
+        "fwd_gain": P.abs().sum(-1).amax().item(),
+        "bwd_gain": P.abs().sum(-2).amax().item(),
+        "uniform_dist": (P - 1.0 / n).abs().amax(dim=(-2, -1)).mean().item(),
+    }
+
+
+def stats_from_records(records, variant, n):
+    """The hc_stats dict from one captured forward (one record per layer, forward order)."""
+    layers, P = [], None
+    for j, rec in enumerate(records):
+        h = rec["h_res"]
+        eye = torch.eye(h.shape[-1], device=h.device)
+        P = compose(P, h)
+        prefix = composite_stats(P)
+        layers.append({
+            "index": j,
+            "sublayer": "attn" if j % 2 == 0 else "mlp",
+            **ds_errors(h),
+            "identity_dist": (h - eye).abs().amax(dim=(-2, -1)).mean().item(),
+            "h_pre_mean": rec["h_pre"].flatten(0, -2).mean(0).tolist(),
+            "h_post_mean": rec["h_post"].flatten(0, -2).mean(0).tolist(),
+            "stream_rms": rec["stream_rms"].tolist(),
+            "composite_col_mae": prefix["composite_col_mae"],
+            "composite_row_mae": prefix["composite_row_mae"],
+        })
+    return {"variant": variant, "n": n, "tokens": P.shape[0], "stream_dtype": records[0]["stream_dtype"],
+            **composite_stats(P),
+            "max_layer_row_err": max(l["row_err"] for l in layers),
+            "max_layer_col_err": max(l["col_err"] for l in layers),
+            "layers": layers}
+
+
+@torch.no_grad()
+def hc_stats(model, idx):
+    """Run `model` (the uncompiled GPT) on token ids idx (B, T) and return the
+    JSON-serializable diagnostics of its connections: composite_col_mae, composite_row_mae,
+    fwd_gain, bwd_gain, per-layer dicts, variant, n, and more. Coefficients are those the
+    forward actually used (fp32 whatever the compute dtype); memory is L * B*T * n^2 floats."""
+    conn = model.connections
+    with conn.capture() as records:
+        model(idx)
+    missing = [j for j, rec in enumerate(records) if not rec]
+    if missing:
+        raise RuntimeError(f"connection layers {missing} did not run in the forward; is `model` compiled? "
+                           f"pass the uncompiled module")
+    return stats_from_records(records, model.config.hc, conn.n)

@@ -1,0 +1,182 @@
+"""The hyper-connection layer shared by hc, hc_identity, mhc, mhc_lite and kromhc, and the
+two unconstrained variants themselves.
+
+Convention (the H-convention, used everywhere in this package): a token's state X is
+n x C with one stream per row, and one layer computes
+
+    X_next = H_res @ X + H_post^T * F(H_pre @ X)
+
+with H_pre, H_post in R^n and H_res in R^{n x n}; stream t receives sum_s H_res[t, s] X[s].
+
+Coefficients (paper eq. kromhc_definition and its mHC / mHC-lite forms): with
+x' = RMSNorm(vec(X)) over the n*C values of a token, one projection x' @ W with W of shape
+(n*C, 2n + R) and columns [pre n | post n | res R] gives
+
+    H_pre  = sigmoid(a_pre * x'W_pre + b_pre)
+    H_post = 2 * sigmoid(a_post * x'W_post + b_post)
+    H_res  = variant(a_res * x'W_res + b_res)
+
+Variants differ only in R and in how the res logits become H_res:
+  hc           H_res = mat(logits), unconstrained (the paper's appendix: mHC without SK)
+  hc_identity  H_res = I, no res columns at all (dynamic pre/post only)
+  mhc          Sinkhorn-Knopp (mhc.py), mhc_lite Birkhoff-von Neumann (mhc_lite.py),
+  kromhc       Kronecker product of small Birkhoff factors (kromhc.py).
+
+Init (paper section "Initialization"): W = 0, a_* = 0.01, b_pre = b_post = -1 except +1
+at the layer's home stream (layer_index % n); b_res per variant, close to the identity.
+
+Precision: coefficients are computed in fp32 with autocast off, whatever the compute dtype;
+the streams keep X's dtype; pre and post mixes accumulate in fp32 and round once.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from nanochat.connections.diagnostics import record_layer
+
+DEFAULT_STREAMS = 4
+ALPHA_INIT = 0.01
+# Res bias on the non-identity entries / permutations of the constrained variants (paper:
+# b_res = [0, -8]): H_res starts within a few e^-8 of the identity.
+OFF_IDENTITY_BIAS = -8.0
+# F.rms_norm's default for fp32 inputs; written out because the norm is applied after the
+# matmul here (x' W = (x W) / rms(x), exact since rms is one scalar per token).
+RMS_EPS = torch.finfo(torch.float32).eps
+
+
+class HyperConnection(nn.Module):
+    """One HC layer around one sub-layer. `res_groups` holds the res logit counts, one per
+    a_res scalar (empty: no res columns). Subclasses implement `res_bias_init()` and
+    `h_res(res_logits)`."""
+
+    def __init__(self, layer_index, n, C, res_groups=(), norm_weight=True, recompute=False):
+        super().__init__()
+        self.layer_index, self.n, self.C = layer_index, n, C
+        self.res_groups = tuple(res_groups)
+        self.recompute = recompute
+        k = 2 * n + sum(self.res_groups)
+        # (n*C, k): the large dim first, the one a sharded optimizer splits.
+        self.weight = nn.Parameter(torch.empty(n * C, k))
+        self.bias = nn.Parameter(torch.empty(k))
+        # [a_pre, a_post, a_res (one per res group)]
+        self.alpha = nn.Parameter(torch.empty(2 + len(self.res_groups)))
+        self.norm_weight = nn.Parameter(torch.empty(n * C)) if norm_weight else None
+        # Set to a dict by StreamConnections.capture(): the forward then records its coefficients.
+        self.capture = None
+
+    @torch.no_grad()
+    def init_weights(self):
+        n = self.n
+        self.weight.zero_()
+        home = torch.full((2, n), -1.0)
+        home[:, self.layer_index % n] = 1.0
+        self.bias.copy_(torch.cat([home.flatten(), self.res_bias_init()]))
+        self.alpha.fill_(ALPHA_INIT)
+        if self.norm_weight is not None:
+            self.norm_weight.fill_(1.0)
+
+    def res_bias_init(self):
+        return torch.zeros(0)
+
+    def logits(self, X):
+        """a * (x' W) + b for all 2n + R columns: (B, T, k) fp32. Call with autocast off."""
+        x = X.flatten(-2).float()
+        w = self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
+        z = (x @ w) * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + RMS_EPS)
+        sizes = (self.n, self.n, *self.res_groups)
+        scale = torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
+        return z * scale + self.bias
+
+    def coefficients(self, X):
+        """(h_pre (B,T,n), h_post (B,T,n), h_res (B,T,n,n)), fp32, H-convention."""
+        n = self.n
+        with torch.autocast(X.device.type, enabled=False):
+            z = self.logits(X)
+            return torch.sigmoid(z[..., :n]), 2 * torch.sigmoid(z[..., n:2 * n]), self.h_res(z[..., 2 * n:])
+
+    def forward(self, X, branch, x0=None):
+        if self.recompute:
+            # Keep only X for the backward; the fp32 copy of X and the coefficient
+            # intermediates (e.g. Sinkhorn iterates) are recomputed.
+            h_pre, h_post, h_res = checkpoint(self.coefficients, X, use_reentrant=False)
+        else:
+            h_pre, h_post, h_res = self.coefficients(X)
+        if self.capture is not None:
+            record_layer(self.capture, X, h_pre, h_post, h_res)
+        y = branch(mix_pre(h_pre, X).to(X.dtype))
+        return (self.mix_res(h_res, X) + h_post[..., None] * y[..., None, :]).to(X.dtype)
+
+    def mix_res(self, h_res, X):
+        """H_res @ X per token as n broadcast multiply-adds over source streams (fp32)."""
+        out = h_res[..., :, 0, None] * X[..., 0, None, :]
+        for s in range(1, self.n):
+            out = out + h_res[..., :, s, None] * X[..., s, None, :]
+        return out
+
+
+def mix_pre(h_pre, X):
+    """H_pre @ X per token: (B, T, n) x (B, T, n, C) -> (B, T, C) in fp32, one stream at a time
+    so that no (B, T, n, C) temporary is formed."""
+    out = h_pre[..., 0, None] * X[..., 0, :]
+    for s in range(1, X.shape[-2]):
+        out = out + h_pre[..., s, None] * X[..., s, :]
+    return out
+
+
+class HCLayer(HyperConnection):
+    """Unconstrained H_res = a_res * mat(x'W_res) + b_res, b_res = I at init;
+    mat puts column t*n + s at H_res[t, s]."""
+
+    def __init__(self, layer_index, n, C, **kw):
+        super().__init__(layer_index, n, C, res_groups=(n * n,), **kw)
+
+    def res_bias_init(self):
+        return torch.eye(self.n).flatten()
+
+    def h_res(self, res_logits):
+        return res_logits.unflatten(-1, (self.n, self.n))
+
+
+class HCIdentityLayer(HyperConnection):
+    """H_res fixed to I with dynamic pre/post: what the streams buy without any mixing."""
+
+    def h_res(self, res_logits):
+        eye = torch.eye(self.n, device=res_logits.device, dtype=res_logits.dtype)
+        return eye.expand(*res_logits.shape[:-1], self.n, self.n)
+
+    def mix_res(self, h_res, X):
+        return X
+
+
+def resolve_streams(cfg, max_streams=None):
+    """Checks shared by the HC variants: n >= 2 (0 means DEFAULT_STREAMS), hc_factors only
+    for kromhc, per-factor alphas only for kromhc. Fills cfg.hc_streams in place."""
+    if cfg.hc_streams == 0:
+        cfg.hc_streams = DEFAULT_STREAMS
+    if not isinstance(cfg.hc_streams, int) or cfg.hc_streams < 2:
+        raise ValueError(f"hc={cfg.hc!r} needs hc_streams >= 2 (got {cfg.hc_streams!r}); "
+                         f"use hc='residual' for a single stream")
+    if max_streams is not None and cfg.hc_streams > max_streams:
+        raise ValueError(f"hc={cfg.hc!r} supports at most {max_streams} streams (got hc_streams={cfg.hc_streams}); "
+                         f"use hc='kromhc' for wider streams")
+    if cfg.hc != "kromhc" and cfg.hc_factors:
+        raise ValueError(f"hc_factors={list(cfg.hc_factors)} only applies to hc='kromhc' (got hc={cfg.hc!r}); drop it")
+    if cfg.hc != "kromhc" and not cfg.hc_alpha_shared:
+        raise ValueError(f"hc_alpha_shared=False (one a_res per Kronecker factor) only applies to hc='kromhc' "
+                         f"(got hc={cfg.hc!r}); drop it")
+
+
+def layer_options(cfg):
+    return dict(norm_weight=cfg.hc_norm_weight, recompute=cfg.hc_recompute)
+
+
+def resolve(cfg):
+    resolve_streams(cfg)
+
+
+def make_layers(cfg):
+    """hc and hc_identity share this module; the config's variant name picks the layer."""
+    cls = HCIdentityLayer if cfg.hc == "hc_identity" else HCLayer
+    return [cls(j, cfg.hc_streams, cfg.n_embd, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]

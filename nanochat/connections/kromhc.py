@@ -1,0 +1,73 @@
+"""KromHC: H_res = U^K kron ... kron U^1 with n = i_1 * ... * i_K (paper eq. kromhc_definition).
+
+Per factor k: a^k = softmax(a_res * x'W^{res,k} + b^{res,k}) over the i_k! permutations of
+size i_k, U^k = sum_m a^k_m P_m; the Kronecker product of doubly stochastic factors is
+exactly doubly stochastic. The res columns of W are [factor 1 | ... | factor K]. a_res is
+one scalar shared by the factors (paper default) or one per factor (hc_alpha_shared=False,
+the paper's ablation). Init b^{res,k} = [0, -8, ..., -8] (identity first), so U^k ~ I.
+
+H_res is built per token (n^2 numbers) and applied in one mix; applying the factors one
+mode at a time would read and write the streams K times.
+"""
+
+import math
+
+import torch
+
+from nanochat.connections.birkhoff import check_factors, default_factors, kron_factors, permutation_matrices
+from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+
+
+class KromHCLayer(HyperConnection):
+    def __init__(self, layer_index, n, C, factors, alpha_shared=True, **kw):
+        sizes = [math.factorial(i) for i in factors]
+        super().__init__(layer_index, n, C, res_groups=(sum(sizes),) if alpha_shared else sizes, **kw)
+        self.factor_sizes = tuple(factors)
+        # One (i!, i*i) buffer per distinct factor size, filled by init_weights.
+        for i in sorted(set(factors)):
+            self.register_buffer(f"perms_{i}", torch.empty(math.factorial(i), i * i), persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self):
+        super().init_weights()
+        for i in set(self.factor_sizes):
+            buf = getattr(self, f"perms_{i}")
+            buf.copy_(permutation_matrices(i, device=buf.device).flatten(1))
+
+    def res_bias_init(self):
+        parts = []
+        for i in self.factor_sizes:
+            b = torch.full((math.factorial(i),), OFF_IDENTITY_BIAS)
+            b[0] = 0.0
+            parts.append(b)
+        return torch.cat(parts)
+
+    def factors_from_logits(self, res_logits):
+        out, start = [], 0
+        for i in self.factor_sizes:
+            m = math.factorial(i)
+            a = torch.softmax(res_logits[..., start:start + m], dim=-1)
+            out.append((a @ getattr(self, f"perms_{i}")).unflatten(-1, (i, i)))
+            start += m
+        return out
+
+    def factors(self, X):
+        """[U^1, ..., U^K], each (B, T, i_k, i_k) fp32."""
+        with torch.autocast(X.device.type, enabled=False):
+            return self.factors_from_logits(self.logits(X)[..., 2 * self.n:])
+
+    def h_res(self, res_logits):
+        return kron_factors(self.factors_from_logits(res_logits))
+
+
+def resolve(cfg):
+    if cfg.hc_streams == 0 and cfg.hc_factors:
+        cfg.hc_streams = math.prod(cfg.hc_factors)
+    resolve_streams(cfg)
+    n = cfg.hc_streams
+    cfg.hc_factors = check_factors(n, cfg.hc_factors) if cfg.hc_factors else default_factors(n)
+
+
+def make_layers(cfg):
+    return [KromHCLayer(j, cfg.hc_streams, cfg.n_embd, cfg.hc_factors, alpha_shared=cfg.hc_alpha_shared,
+                        **layer_options(cfg)) for j in range(2 * cfg.n_layer)]

@@ -1,0 +1,36 @@
+"""mHC (DeepSeek): H_res = Sinkhorn-Knopp(exp(a_res * mat(x'W_res) + b_res)), approximately
+doubly stochastic. Log-space, `hc_sk_iters` rounds (default 20) of row then column
+normalization; ending on columns makes the column sums of H_res exact (to rounding) and
+leaves the Sinkhorn error in the row sums. In the A-layout of the public code (A = H_res^T)
+that is the same choice: its last step normalizes over targets.
+
+Init: b_res = 0 on the diagonal and -8 off it (H_res diagonal 0.99899 at n = 4).
+"""
+
+import torch
+
+from nanochat.connections.birkhoff import sinkhorn_log
+from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+
+
+class MHCLayer(HyperConnection):
+    def __init__(self, layer_index, n, C, sk_iters=20, **kw):
+        super().__init__(layer_index, n, C, res_groups=(n * n,), **kw)
+        self.sk_iters = sk_iters
+
+    def res_bias_init(self):
+        return (OFF_IDENTITY_BIAS * (1 - torch.eye(self.n))).flatten()
+
+    def h_res(self, res_logits):
+        return sinkhorn_log(res_logits.unflatten(-1, (self.n, self.n)), self.sk_iters)
+
+
+def resolve(cfg):
+    resolve_streams(cfg)
+    if not isinstance(cfg.hc_sk_iters, int) or cfg.hc_sk_iters < 1:
+        raise ValueError(f"hc_sk_iters={cfg.hc_sk_iters!r}: mhc needs at least 1 Sinkhorn-Knopp iteration (paper: 20)")
+
+
+def make_layers(cfg):
+    return [MHCLayer(j, cfg.hc_streams, cfg.n_embd, sk_iters=cfg.hc_sk_iters, **layer_options(cfg))
+            for j in range(2 * cfg.n_layer)]

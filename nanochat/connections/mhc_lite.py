@@ -1,0 +1,43 @@
+"""mHC-lite: H_res = sum_k softmax(a_res * x'W_res + b_res)_k P_k over all n! permutation
+matrices (Birkhoff-von Neumann), exactly doubly stochastic by construction.
+
+Init: b_res = 0 for the identity (first) and -8 for the other n! - 1 permutations. The
+factorial limits n: 6 streams already cost 720 logits per layer, hence MAX_STREAMS.
+"""
+
+import math
+
+import torch
+
+from nanochat.connections.birkhoff import permutation_matrices
+from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+
+MAX_STREAMS = 6
+
+
+class MHCLiteLayer(HyperConnection):
+    def __init__(self, layer_index, n, C, **kw):
+        super().__init__(layer_index, n, C, res_groups=(math.factorial(n),), **kw)
+        # (n!, n*n), filled by init_weights (the model is built on the meta device).
+        self.register_buffer("perms", torch.empty(math.factorial(n), n * n), persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self):
+        super().init_weights()
+        self.perms.copy_(permutation_matrices(self.n, device=self.perms.device).flatten(1))
+
+    def res_bias_init(self):
+        bias = torch.full((math.factorial(self.n),), OFF_IDENTITY_BIAS)
+        bias[0] = 0.0
+        return bias
+
+    def h_res(self, res_logits):
+        return (torch.softmax(res_logits, dim=-1) @ self.perms).unflatten(-1, (self.n, self.n))
+
+
+def resolve(cfg):
+    resolve_streams(cfg, max_streams=MAX_STREAMS)
+
+
+def make_layers(cfg):
+    return [MHCLiteLayer(j, cfg.hc_streams, cfg.n_embd, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]
