@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Reproduce the KromHC paper's experiments end to end, or run the offline CPU demo.
+#
+#   bash speedrun.sh cpu          # offline demo: every variant, tiny models, minutes on 2 CPU cores
+#   bash speedrun.sh paper-d6     # Table 2/3/4, D=6  (5 runs x 2500 steps)
+#   bash speedrun.sh paper-d12    # Table 2/3/4, D=12 (5 runs x 7000 steps)
+#   bash speedrun.sh n-scaling    # KromHC at n = 4, 8, 16 (D=12)
+#   bash speedrun.sh ablations    # factorization, shared alpha, identity H_res (D=12)
+#   bash speedrun.sh all          # every GPU mode above
+#
+# Environment: NPROC (processes per node; default: every visible GPU), WANDB_RUN (wandb
+# run-name prefix; default: no wandb), NANOCHAT_BASE_DIR (data, tokenizer, runs; default
+# ~/.cache/nanochat; the cpu demo keeps its own files under <base>/cpu-demo so its offline
+# corpus and small tokenizer never mix with real data), NANOCHAT_EVAL_BUNDLE (a local CORE
+# bundle instead of downloading it). Finished runs are skipped, interrupted ones resume.
+# For several nodes, run train steps yourself with torchrun --nnodes (see README.md).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+MODE="${1:-}"
+case "$MODE" in
+    cpu|paper-d6|paper-d12|n-scaling|ablations|all) ;;
+    *) echo "usage: bash speedrun.sh {cpu|paper-d6|paper-d12|n-scaling|ablations|all}" >&2; exit 2 ;;
+esac
+
+bash scripts/setup_env.sh
+source .venv/bin/activate
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+WANDB_RUN="${WANDB_RUN:-dummy}"
+BASE="${NANOCHAT_BASE_DIR:-$HOME/.cache/nanochat}"
+
+if [ "$MODE" = cpu ]; then
+    export NANOCHAT_BASE_DIR="$BASE/cpu-demo"
+    export OMP_NUM_THREADS="$(nproc)"  # one process: let it use every core
+    NPROC=1
+    CONFIGS=(configs/cpu/*.toml)
+    SHARDS=2
+    TOK_ARGS=(--vocab-size 4096 --max-chars 20000000)
+    EVAL_ARGS=(--max-per-task 16 --tasks available --split-tokens 65536 --device-batch-size 8)
+else
+    export NANOCHAT_BASE_DIR="$BASE"
+    if [ -z "${NPROC:-}" ]; then
+        NPROC=$(nvidia-smi -L 2>/dev/null | wc -l || true)
+        [ "$NPROC" -gt 0 ] || { echo "speedrun: no GPU found; set NPROC or use 'bash speedrun.sh cpu'" >&2; exit 1; }
+    fi
+    case "$MODE" in
+        paper-d6)  CONFIGS=(configs/paper/d6_*.toml) ;;
+        paper-d12) CONFIGS=(configs/paper/d12_*.toml) ;;
+        n-scaling) CONFIGS=(configs/n_scaling/*.toml) ;;
+        ablations) CONFIGS=(configs/ablations/*.toml) ;;
+        all)       CONFIGS=(configs/paper/*.toml configs/n_scaling/*.toml configs/ablations/*.toml) ;;
+    esac
+    # About 34M usable tokens per shard at T=2048 (nanochat's estimate): D=12 x 7000 steps x
+    # 524,288 tokens needs ~108 shards, D=6 x 2500 steps ~39. A margin on top.
+    if [ "$MODE" = paper-d6 ]; then SHARDS=45; else SHARDS=120; fi
+    TOK_ARGS=()
+    EVAL_ARGS=()
+fi
+mkdir -p "$NANOCHAT_BASE_DIR"
+echo "speedrun: mode $MODE, $NPROC process(es), base dir $NANOCHAT_BASE_DIR"
+
+# ---- data: the first shards now (the tokenizer trains on them), the rest in the background
+if [ "$MODE" = cpu ]; then
+    python -m nanochat.dataset --offline-fallback -n "$SHARDS"
+else
+    python -m nanochat.dataset -n 8
+    python -m nanochat.dataset -n "$SHARDS" &
+    DOWNLOAD_PID=$!
+fi
+
+# ---- tokenizer, once
+if [ ! -f "$NANOCHAT_BASE_DIR/tokenizer/token_bytes.pt" ]; then
+    python -m scripts.tok_train "${TOK_ARGS[@]}"
+    python -m scripts.tok_eval
+fi
+if [ -n "${DOWNLOAD_PID:-}" ]; then
+    echo "speedrun: waiting for the shard download to finish"
+    wait "$DOWNLOAD_PID"
+fi
+
+# ---- CORE bundle: local, downloaded, or (cpu demo only) skipped when unreachable
+CORE=1
+if [ -n "${NANOCHAT_EVAL_BUNDLE:-}" ]; then
+    echo "speedrun: CORE bundle from $NANOCHAT_EVAL_BUNDLE"
+elif ! python -c "from nanochat.core_eval import resolve_eval_bundle; resolve_eval_bundle()"; then
+    if [ "$MODE" = cpu ]; then
+        echo "speedrun: the CORE bundle could not be downloaded; the cpu demo continues without CORE"
+        echo "          (set NANOCHAT_EVAL_BUNDLE=/path/to/eval_bundle to include it)"
+        CORE=0
+    else
+        echo "speedrun: the CORE bundle is needed for the paper's tables; set NANOCHAT_EVAL_BUNDLE or fix the network" >&2
+        exit 1
+    fi
+fi
+
+launch() {
+    if [ "$NPROC" -gt 1 ]; then
+        torchrun --standalone --nproc_per_node="$NPROC" "$@"
+    else
+        python "$@"
+    fi
+}
+
+# ---- train and evaluate every config of the mode
+RUN_DIRS=()
+for config in "${CONFIGS[@]}"; do
+    tag=$(python -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['model_tag'])" "$config")
+    run_dir="$NANOCHAT_BASE_DIR/runs/$tag"
+    RUN_DIRS+=("$run_dir")
+    run_name=dummy
+    [ "$WANDB_RUN" = dummy ] || run_name="${WANDB_RUN}_${tag}"
+    if [ -f "$run_dir/summary.json" ]; then
+        echo "speedrun: $tag already trained, skipping"
+    else
+        echo "speedrun: training $tag ($config)"
+        launch -m scripts.base_train --config "$config" --resume true --run "$run_name" \
+            $([ "$CORE" = 1 ] || echo "--core-metric-every -1")
+    fi
+    if [ ! -f "$run_dir/eval.json" ]; then
+        evals="bpb,sample"
+        [ "$CORE" = 1 ] && evals="core,$evals"
+        launch -m scripts.base_eval --model-tag "$tag" --eval "$evals" "${EVAL_ARGS[@]}"
+    fi
+    if [ ! -f "$run_dir/hc_stats.json" ]; then
+        python -m scripts.hc_report --checkpoint "$run_dir"
+    fi
+done
+
+# ---- the report: tables and figures beside the paper's numbers
+python -m scripts.report --runs "${RUN_DIRS[@]}" --out report
+echo "speedrun: done; see report/README.md"
