@@ -1,0 +1,67 @@
+"""Write report/README.md and its figures from run directories, in the KromHC paper's layout.
+
+    python -m scripts.report --runs-root ~/.cache/nanochat/runs --out report/
+    python -m scripts.report --runs RUN_DIR [RUN_DIR ...] --out report/
+    python -m scripts.report --runs-root RUNS --configs configs/cpu --out report/
+
+With --configs, the report covers exactly the runs those configs train (their model_tag
+names the run directory); runs that are not there yet still appear, marked "not found".
+"""
+
+import argparse
+from pathlib import Path
+
+from nanochat import report
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--runs", nargs="+", metavar="DIR", help="run directories")
+    source.add_argument("--runs-root", metavar="DIR",
+                        help="a directory of run directories (default: <base dir>/runs)")
+    parser.add_argument("--configs", nargs="+", metavar="PATH",
+                        help="config files or directories: report exactly these runs (by model_tag)")
+    parser.add_argument("--reference", default="residual",
+                        help="run name or variant the loss-gap figures subtract (default: residual)")
+    parser.add_argument("--out", default="report", help="output directory (default: report)")
+    return parser.parse_args(argv)
+
+
+def collect_runs(args):
+    """The runs to report, with notes on what was asked for but not found."""
+    if args.runs:
+        # One run can feed several tables under several configs: list each directory once.
+        dirs = list(dict.fromkeys(Path(d) for d in args.runs))
+    else:
+        if args.runs_root:
+            root = Path(args.runs_root)
+        else:
+            from nanochat.common import base_dir
+            root = Path(base_dir()) / "runs"
+        dirs = None if args.configs else report.discover_runs(root)
+    if args.configs:
+        configs = [report.read_config(p) for p in report.config_files(args.configs)]
+        if dirs is None:
+            return [report.load_run(root / c["model_tag"], expected_config=c) for c in configs]
+        by_name = {d.name: d for d in dirs}
+        runs = [report.load_run(by_name.get(c["model_tag"], Path(c["model_tag"])), expected_config=c)
+                for c in configs]
+        tags = {c["model_tag"] for c in configs}
+        runs += [report.load_run(d) for d in dirs if d.name not in tags]
+        return runs
+    if not dirs:
+        raise SystemExit(f"no run directories under {root}: train first (speedrun.sh), or pass --runs DIR ...")
+    return [report.load_run(d) for d in dirs]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    runs = collect_runs(args)
+    readme = report.write_report(runs, args.out, reference=args.reference)
+    found = sum(r.found for r in runs)
+    print(f"wrote {readme} from {found} run(s)" + (f"; {len(runs) - found} not found" if found < len(runs) else ""))
+
+
+if __name__ == "__main__":
+    main()
