@@ -1,0 +1,198 @@
+"""Evaluate a base-model checkpoint: CORE, bits per byte on the train and val splits, and
+samples from fixed prompts. Results go into the run directory: core.json and core.csv
+(CORE), eval.json (bpb and samples). With --step the names get a _<step> suffix, so
+evaluating an older checkpoint never overwrites the evaluation of the latest one.
+
+    python -m scripts.base_eval --model-tag d12
+    python -m scripts.base_eval --model-tag d12 --eval core --tasks available --max-per-task 100
+    torchrun --nproc_per_node=8 -m scripts.base_eval -- --model-tag d12
+
+CORE needs every task of the bundle's core.yaml unless --tasks restricts them; --tasks
+available takes every task whose file is present and reports a partial CORE.
+"""
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import os
+
+import torch
+
+from nanochat import checkpoint
+from nanochat.common import base_dir, compute_cleanup, compute_dtype, compute_init, print0
+from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
+from nanochat.dataloader import BestFitLoader
+from nanochat.loss_eval import evaluate_bpb
+from nanochat.tokenizer import get_token_bytes, get_tokenizer
+
+# nanochat's fixed prompts for greedy samples (source: nanochat scripts/base_loss.py)
+PROMPTS = [
+    "The capital of France is",
+    "The chemical symbol of gold is",
+    "If yesterday was Friday, then tomorrow will be",
+    "The opposite of hot is",
+    "The planets of the solar system are:",
+    "My favorite color is",
+    "If 5*x + 3 = 13, then x is",
+]
+EVALS = ("core", "bpb", "sample")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Evaluate a base model: CORE, bits per byte, samples")
+    p.add_argument("--model-tag", type=str, default=None, help="run to evaluate: base_dir()/runs/<tag>")
+    p.add_argument("--run-dir", type=str, default=None, help="run directory (instead of --model-tag)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--eval", type=str, default="core,bpb,sample", help=f"comma-separated subset of {','.join(EVALS)}")
+    p.add_argument("--max-per-task", type=int, default=-1, help="CORE examples per task (-1 = all)")
+    p.add_argument("--tasks", type=str, default="all",
+                   help="CORE tasks: 'all' (every task of core.yaml), 'available' (those whose file is present: "
+                        "a partial CORE) or comma-separated labels")
+    p.add_argument("--eval-bundle", type=str, default=None,
+                   help="CORE bundle directory (default: $NANOCHAT_EVAL_BUNDLE, else base_dir()/eval_bundle, "
+                        "downloaded when absent)")
+    p.add_argument("--eval-bundle-url", type=str, default=EVAL_BUNDLE_URL, help="where to download the bundle from")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="crop CORE prompts from the left to this many tokens (default: the longest input the "
+                        "model accepts, which nanochat-sized prompts never reach)")
+    p.add_argument("--device-batch-size", type=int, default=32, help="bpb: rows per forward pass")
+    p.add_argument("--split-tokens", type=int, default=40 * 524288,
+                   help="bpb: tokens per split (rounded down to whole steps)")
+    p.add_argument("--device-type", type=str, default="", choices=["", "cuda", "cpu", "mps"],
+                   help="cuda|cpu|mps (empty: autodetect)")
+    args = p.parse_args(argv)
+    args.evals = [e.strip() for e in args.eval.split(",") if e.strip()]
+    unknown = [e for e in args.evals if e not in EVALS]
+    if unknown or not args.evals:
+        p.error(f"--eval takes a comma-separated subset of {','.join(EVALS)}, got {args.eval!r}")
+    if args.run_dir is None:
+        if args.model_tag is None:
+            p.error("name the run with --model-tag TAG (base_dir()/runs/TAG) or --run-dir DIR")
+        args.run_dir = os.path.join(base_dir(), "runs", args.model_tag)
+    if not os.path.isdir(args.run_dir):
+        p.error(f"no run directory {args.run_dir}; check --model-tag / --run-dir")
+    return args
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def core_table(core):
+    """CSV of every task (accuracy, centered) and a final CORE row."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["task", "type", "shots", "examples", "accuracy", "centered"])
+    for label, t in core["tasks"].items():
+        w.writerow([label, t["type"], t["shots"], t["examples"], f"{t['accuracy']:.6f}", f"{t['centered']:.6f}"])
+    w.writerow(["CORE", "", "", "", "", f"{core['core_metric']:.6f}"])
+    return out.getvalue()
+
+
+def print_core(core, reference):
+    ref_rows = reference[0] if reference else {}
+    print0(f"\n{'task':<34} {'type':<17} {'shots':>5} {'n':>6} {'accuracy':>9} {'centered':>9}"
+           + ("  GPT-2 acc" if ref_rows else ""))
+    for label, t in core["tasks"].items():
+        ref = f"  {ref_rows[label][0]:9.4f}" if label in ref_rows else ""
+        print0(f"{label:<34} {t['type']:<17} {t['shots']:>5} {t['examples']:>6} {t['accuracy']:>9.4f} "
+               f"{t['centered']:>+9.4f}{ref}")
+    n = len(core["tasks"])
+    name = f"CORE (partial: {n} tasks)" if core["partial"] else "CORE"
+    ref = f"  (GPT-2: {reference[1]:.4f} over all 22 tasks)" if reference and reference[1] is not None else ""
+    print0(f"{name}: {core['core_metric']:.4f}{ref}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    info, device = compute_init(args.device_type)
+    dtype = compute_dtype(device.type)
+    autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext())
+    suffix = "" if args.step is None else f"_{args.step:06d}"
+
+    # Check the CORE request before loading anything: a bad --tasks fails in a second.
+    if "core" in args.evals:
+        try:
+            bundle = resolve_eval_bundle(args.eval_bundle, url=args.eval_bundle_url)
+            select_tasks(bundle, args.tasks, args.max_per_task)
+        except ValueError as e:
+            raise SystemExit(f"base_eval: {e}")
+
+    model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
+    model.eval()
+    step = meta.get("step", args.step)
+    tokenizer = get_tokenizer()
+    if tokenizer.get_vocab_size() != model.config.vocab_size:
+        raise SystemExit(f"base_eval: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was trained "
+                         f"with {model.config.vocab_size}; point NANOCHAT_BASE_DIR at the run's tokenizer")
+    print0(f"Evaluating {args.run_dir} at step {step} on {device} ({dtype}, world size {info.world_size})")
+    results = {"step": step}
+
+    if "sample" in args.evals and info.master:
+        bos = tokenizer.get_bos_token_id()
+        samples = {"greedy": [], "temperature": []}
+        with autocast:
+            for prompt in PROMPTS:
+                tokens = tokenizer.encode(prompt, prepend=bos)
+                completion = tokenizer.decode(list(model.generate(tokens, max_tokens=16, temperature=0)))
+                samples["greedy"].append({"prompt": prompt, "completion": completion})
+                print0(f"{prompt}|{completion}")
+            for seed in range(4):
+                text = tokenizer.decode(list(model.generate([bos], max_tokens=64, temperature=1.0, seed=seed)))
+                samples["temperature"].append({"temperature": 1.0, "seed": seed, "text": text})
+                print0("-" * 80 + f"\n{text}")
+        results["samples"] = samples
+
+    if "bpb" in args.evals:
+        B, T = args.device_batch_size, model.config.sequence_len
+        tokens_per_step = B * T * info.world_size
+        steps = args.split_tokens // tokens_per_step
+        if steps == 0:
+            raise SystemExit(f"base_eval: --split-tokens {args.split_tokens} is less than one step of "
+                             f"{tokens_per_step} tokens (batch {B} x {T} x {info.world_size} ranks); raise it "
+                             "or lower --device-batch-size")
+        token_bytes = get_token_bytes(device)
+        results["bpb"] = {}
+        for split in ("train", "val"):
+            loader = BestFitLoader(tokenizer, B, T, split, device=device, rank=info.rank, world_size=info.world_size)
+            with autocast:
+                bpb = evaluate_bpb(model, loader, steps, token_bytes)
+            results["bpb"][split] = bpb
+            print0(f"{split} bpb: {bpb:.6f} ({steps * tokens_per_step} tokens)")
+        results["bpb_settings"] = {"device_batch_size": B, "sequence_len": T, "split_tokens": steps * tokens_per_step}
+
+    if "core" in args.evals:
+        max_seq_len = args.max_seq_len if args.max_seq_len is not None else model.rotary_len
+        with autocast:
+            core = evaluate_core(model, tokenizer, device, bundle, max_per_task=args.max_per_task,
+                                 tasks=args.tasks, max_seq_len=max_seq_len)
+        ref_path = os.path.join(bundle, "openai-community-gpt2.csv")
+        reference = read_reference_csv(ref_path) if os.path.isfile(ref_path) else None
+        print_core(core, reference)
+        if info.master:
+            record = {
+                "core_metric": core["core_metric"],
+                "partial": core["partial"],
+                "tasks": core["tasks"],
+                "settings": {"bundle": os.path.abspath(bundle), "tasks": args.tasks, "max_per_task": args.max_per_task,
+                             "max_seq_len": max_seq_len, "dtype": str(dtype).removeprefix("torch."), "step": step,
+                             "run_dir": os.path.abspath(args.run_dir), "world_size": info.world_size,
+                             "tasks_missing": core["tasks_missing"]},
+            }
+            write_atomic(os.path.join(args.run_dir, f"core{suffix}.json"), json.dumps(record, indent=2) + "\n")
+            write_atomic(os.path.join(args.run_dir, f"core{suffix}.csv"), core_table(core))
+
+    if info.master and ("bpb" in results or "samples" in results):
+        results["settings"] = {"dtype": str(dtype).removeprefix("torch."), "world_size": info.world_size,
+                               "run_dir": os.path.abspath(args.run_dir)}
+        write_atomic(os.path.join(args.run_dir, f"eval{suffix}.json"), json.dumps(results, indent=2) + "\n")
+    compute_cleanup()
+
+
+if __name__ == "__main__":
+    main()
