@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from nanochat.loss_eval import evaluate_bpb
 
 V = 12
-BOS = 11
-# bytes per token id: ids 0-10 are "text" of 1-4 bytes, BOS is special (0 bytes)
-TOKEN_BYTES = torch.tensor([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 0], dtype=torch.int32)
+BOS = 0
+# bytes per token id: BOS is special (0 bytes), ids 1-11 are "text" of 1-4 bytes; the last id
+# has bytes, so a -1 target read as an index (the last id) would be counted
+TOKEN_BYTES = torch.tensor([0, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], dtype=torch.int32)
 
 
 class StubModel:
