@@ -1,0 +1,99 @@
+"""Train the BPE tokenizer on the start of the train split and save it, with its
+token-byte table, into $NANOCHAT_BASE_DIR/tokenizer (or --tokenizer-dir).
+
+python -m scripts.tok_train [--vocab-size 32768] [--max-chars 2e9] [--doc-cap 10000]
+                            [--data-dir DIR] [--tokenizer-dir DIR]
+"""
+
+import argparse
+import time
+
+from nanochat.dataset import DatasetError, data_dir, list_parquet_files, parquets_iter_batched, read_marker
+from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer, default_tokenizer_dir
+
+# Exercises what a tokenizer most often gets wrong: specials written as text, multi-byte
+# characters split across tokens, long digit runs, tabs, CRLF and runs of spaces.
+ROUND_TRIP_TEXT = ("Plain text <|bos|> with a special token written out, and <|assistant_end|> too.\n"
+                   "Numbers 3.14159, 1234567890 and 2025-01-31; symbols ~!@#$%^&*()_+{}|:\"<>?\n"
+                   "\tdef f(x):\r\n        return x ** 2  # comment\n\n\n"
+                   "Accents: café, naïve, Zürich; Greek αβγ; CJK 漢字かな한글; emoji 🚀👍🏽; ZWJ 👩‍💻.\n")
+
+
+def text_iterator(data_directory, max_chars, doc_cap, counts):
+    """Train documents in order, each cut to doc_cap characters, until max_chars."""
+    for batch in parquets_iter_batched("train", data_dir=data_directory):
+        for doc in batch:
+            doc = doc[:doc_cap]
+            counts["docs"] += 1
+            counts["chars"] += len(doc)
+            yield doc
+            if counts["chars"] >= max_chars:
+                return
+
+
+def check_round_trip(tok):
+    ids = tok.encode(ROUND_TRIP_TEXT, prepend="<|bos|>", append="<|output_end|>")
+    if tok.decode(ids) != "<|bos|>" + ROUND_TRIP_TEXT + "<|output_end|>":
+        raise SystemExit("tok_train: encode/decode round trip failed")
+    if [tok.encode_special(name) for name in SPECIAL_TOKENS] != list(range(tok.get_vocab_size() - len(SPECIAL_TOKENS),
+                                                                             tok.get_vocab_size())):
+        raise SystemExit("tok_train: special tokens are not on the last ids")
+    return len(ids)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.tok_train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size, the 9 special tokens included")
+    parser.add_argument("--max-chars", type=lambda s: int(float(s)), default=2_000_000_000,
+                        help="train on the first this many characters of the train split")
+    parser.add_argument("--doc-cap", type=int, default=10_000, help="characters kept from each document")
+    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--tokenizer-dir", default=None, help="output (default $NANOCHAT_BASE_DIR/tokenizer)")
+    args = parser.parse_args(argv)
+    if args.max_chars <= 0 or args.doc_cap <= 0:
+        parser.error("--max-chars and --doc-cap must be positive")
+    directory = data_dir(args.data_dir)
+    out = args.tokenizer_dir or default_tokenizer_dir()
+    try:
+        list_parquet_files("train", directory)  # fail on missing data before anything else
+        source = (read_marker(directory) or {}).get("source", "fineweb-edu")
+        print(f"Training a {args.vocab_size}-token BPE on up to {args.max_chars:,} characters of the {source} "
+              f"train split in {directory} (documents cut at {args.doc_cap:,})", flush=True)
+        counts = {"docs": 0, "chars": 0}
+        t0 = time.time()
+        tok = Tokenizer.train_from_iterator(text_iterator(directory, args.max_chars, args.doc_cap, counts),
+                                            args.vocab_size)
+    except (DatasetError, ValueError) as e:
+        raise SystemExit(f"tok_train: error: {e}")
+    train_time = time.time() - t0
+    if tok.get_vocab_size() < args.vocab_size:
+        print(f"warning: the text ran out of pairs to merge: vocab is {tok.get_vocab_size()}, not {args.vocab_size}; "
+              "give the model this vocab_size (read it from the tokenizer)")
+    n_ids = check_round_trip(tok)
+    info = {"data_dir": directory, "source": source, "docs": counts["docs"], "chars": counts["chars"],
+            "max_chars": args.max_chars, "doc_cap": args.doc_cap, "requested_vocab_size": args.vocab_size}
+    tok.save(out, info=info)
+    if Tokenizer.from_directory(out).encode(ROUND_TRIP_TEXT) != tok.encode(ROUND_TRIP_TEXT):
+        raise SystemExit(f"tok_train: the tokenizer saved in {out} does not load back identically")
+
+    lengths = [n for n in tok.token_byte_lengths() if n > 0]
+    partial = sum(1 for i in range(len(lengths)) if not _valid_utf8(tok.id_to_bytes(i)))
+    print(f"Trained in {train_time:.1f}s on {counts['docs']:,} documents, {counts['chars']:,} characters")
+    print(f"Vocab {tok.get_vocab_size():,} = 256 bytes + {len(lengths) - 256:,} merges + {len(SPECIAL_TOKENS)} "
+          f"specials; <|bos|> = {tok.get_bos_token_id()}")
+    print(f"Token bytes: min {min(lengths)}, mean {sum(lengths) / len(lengths):.2f}, max {max(lengths)}; "
+          f"{partial} tokens are not valid UTF-8 alone (counted by their raw bytes)")
+    print(f"Round trip OK ({n_ids} ids). Saved tokenizer.bpe, tokenizer.json, token_bytes.pt in {out}")
+    return tok
+
+
+def _valid_utf8(b):
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
