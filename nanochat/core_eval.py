@@ -62,19 +62,19 @@ def download_eval_bundle(dest_dir=None, url=EVAL_BUNDLE_URL, timeout=60):
                         for chunk in r.iter_content(chunk_size=1 << 20):
                             f.write(chunk)
                 except requests.RequestException as e:
-                    raise RuntimeError(f"could not download the CORE eval bundle from {url}: {e}. "
+                    raise ConnectionError(f"could not download the CORE eval bundle from {url}: {e}. "
                                        "Download it elsewhere and pass --eval-bundle PATH") from e
             try:
                 with zipfile.ZipFile(archive) as z:
                     z.extractall(unpack)
             except zipfile.BadZipFile as e:
-                raise RuntimeError(f"{url} did not serve a zip archive ({e})") from e
+                raise ValueError(f"{url} did not serve a zip archive ({e}); check --eval-bundle-url") from e
             # the archive holds eval_bundle/...; accept a bundle at its top level too
             found = os.path.join(unpack, "eval_bundle")
             if not os.path.isfile(os.path.join(found, "core.yaml")):
                 found = unpack
             if not os.path.isfile(os.path.join(found, "core.yaml")):
-                raise RuntimeError(f"the archive from {url} has no eval_bundle/core.yaml")
+                raise ValueError(f"the archive from {url} has no eval_bundle/core.yaml; check --eval-bundle-url")
             os.replace(found, bundle)
         finally:
             if os.path.exists(archive):
@@ -86,7 +86,8 @@ def download_eval_bundle(dest_dir=None, url=EVAL_BUNDLE_URL, timeout=60):
 
 def resolve_eval_bundle(path=None, url=EVAL_BUNDLE_URL):
     """The bundle directory: `path` if given, else $NANOCHAT_EVAL_BUNDLE, else
-    base_dir()/eval_bundle (downloaded from `url` when absent)."""
+    base_dir()/eval_bundle (downloaded from `url` when absent). Raises ValueError for a
+    directory or archive that is not a bundle, ConnectionError when the download fails."""
     path = path or os.environ.get("NANOCHAT_EVAL_BUNDLE")
     if path:
         if not os.path.isfile(os.path.join(path, "core.yaml")):

@@ -21,11 +21,9 @@ import os
 import torch
 
 from nanochat import checkpoint
-from nanochat.common import base_dir, compute_cleanup, compute_dtype, compute_init, print0
+from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
-from nanochat.dataloader import BestFitLoader
 from nanochat.loss_eval import evaluate_bpb
-from nanochat.tokenizer import get_token_bytes, get_tokenizer
 
 # nanochat's fixed prompts for greedy samples (source: nanochat scripts/base_loss.py)
 PROMPTS = [
@@ -57,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="crop CORE prompts from the left to this many tokens (default: the longest input the "
                         "model accepts, which nanochat-sized prompts never reach)")
+    p.add_argument("--data-dir", type=str, default=None,
+                   help="bpb: directory of the parquet shards (default: the run's own data_dir setting)")
     p.add_argument("--device-batch-size", type=int, default=32, help="bpb: rows per forward pass")
     p.add_argument("--split-tokens", type=int, default=40 * 524288,
                    help="bpb: tokens per split (rounded down to whole steps)")
@@ -70,17 +70,8 @@ def parse_args(argv=None):
     if args.run_dir is None:
         if args.model_tag is None:
             p.error("name the run with --model-tag TAG (base_dir()/runs/TAG) or --run-dir DIR")
-        args.run_dir = os.path.join(base_dir(), "runs", args.model_tag)
-    if not os.path.isdir(args.run_dir):
-        p.error(f"no run directory {args.run_dir}; check --model-tag / --run-dir")
+        args.run_dir = checkpoint.run_dir_for(args.model_tag)
     return args
-
-
-def write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def core_table(core):
@@ -120,11 +111,17 @@ def main(argv=None):
         try:
             bundle = resolve_eval_bundle(args.eval_bundle, url=args.eval_bundle_url)
             select_tasks(bundle, args.tasks, args.max_per_task)
-        except ValueError as e:
-            raise SystemExit(f"base_eval: {e}")
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"base_eval: {e}") from None
 
-    model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
-    model.eval()
+    # Imported here so that `--help` and flag errors do not pay for them.
+    from nanochat.dataloader import BestFitLoader
+    from nanochat.tokenizer import get_token_bytes, get_tokenizer
+
+    try:
+        model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
+    except FileNotFoundError as e:
+        raise SystemExit(f"base_eval: {e}") from None
     step = meta.get("step", args.step)
     tokenizer = get_tokenizer()
     if tokenizer.get_vocab_size() != model.config.vocab_size:
@@ -157,9 +154,11 @@ def main(argv=None):
                              f"{tokens_per_step} tokens (batch {B} x {T} x {info.world_size} ranks); raise it "
                              "or lower --device-batch-size")
         token_bytes = get_token_bytes(device)
+        data_dir = args.data_dir or meta.get("settings", {}).get("data_dir") or None
         results["bpb"] = {}
         for split in ("train", "val"):
-            loader = BestFitLoader(tokenizer, B, T, split, device=device, rank=info.rank, world_size=info.world_size)
+            loader = BestFitLoader(tokenizer, B, T, split, device=device, rank=info.rank, world_size=info.world_size,
+                                   data_dir=data_dir)
             with autocast:
                 bpb = evaluate_bpb(model, loader, steps, token_bytes)
             results["bpb"][split] = bpb
@@ -184,13 +183,14 @@ def main(argv=None):
                              "run_dir": os.path.abspath(args.run_dir), "world_size": info.world_size,
                              "tasks_missing": core["tasks_missing"]},
             }
-            write_atomic(os.path.join(args.run_dir, f"core{suffix}.json"), json.dumps(record, indent=2) + "\n")
-            write_atomic(os.path.join(args.run_dir, f"core{suffix}.csv"), core_table(core))
+            checkpoint.atomic_write(os.path.join(args.run_dir, f"core{suffix}.json"), json.dumps(record, indent=2) + "\n")
+            checkpoint.atomic_write(os.path.join(args.run_dir, f"core{suffix}.csv"), core_table(core))
+            print0(f"wrote {os.path.join(args.run_dir, f'core{suffix}.json')} and .csv")
 
     if info.master and ("bpb" in results or "samples" in results):
         results["settings"] = {"dtype": str(dtype).removeprefix("torch."), "world_size": info.world_size,
                                "run_dir": os.path.abspath(args.run_dir)}
-        write_atomic(os.path.join(args.run_dir, f"eval{suffix}.json"), json.dumps(results, indent=2) + "\n")
+        checkpoint.atomic_write(os.path.join(args.run_dir, f"eval{suffix}.json"), json.dumps(results, indent=2) + "\n")
     compute_cleanup()
 
 

@@ -399,9 +399,9 @@ def test_download_failure_leaves_nothing_behind(tmp_path, http_root):
     root, url = http_root
     (root / "not_a_zip.zip").write_text("hello")
     dest = tmp_path / "base"
-    with pytest.raises(RuntimeError, match="could not download.*--eval-bundle"):
+    with pytest.raises(ConnectionError, match="could not download.*--eval-bundle"):
         download_eval_bundle(str(dest), url=url + "/missing.zip")
-    with pytest.raises(RuntimeError, match="did not serve a zip"):
+    with pytest.raises(ValueError, match="did not serve a zip"):
         download_eval_bundle(str(dest), url=url + "/not_a_zip.zip")
     assert [p.name for p in dest.iterdir()] == ["eval_bundle.lock"]
 
