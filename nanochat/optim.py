@@ -108,7 +108,8 @@ def _compiled(fn, dynamic):
 def _kernel(fn, device, dynamic):
     """fn itself, or its compiled form on CUDA. AdamW runs on flattened tensors compiled with
     dynamic shapes, so that dozens of distinct small shapes cost one graph instead of hitting
-    dynamo's recompile limit (a hard error under fullgraph); Muon groups have few shapes."""
+    dynamo's recompile limit (a hard error under fullgraph). Muon compiles one graph per
+    stack shape (K, rows, cols): fine for nanochat's 4 groups, an error past 8."""
     if device.type == "cuda" and COMPILE_ON_CUDA:
         return _compiled(fn, dynamic)
     return fn

@@ -115,9 +115,17 @@ def main(out_dir):
     opt_c = DistMuonAdamW(groups_c)
     opt_c.load_state_dict(torch.load(path))
     train(opt_c, params_c, STEPS - 2, rows, first_step=2)
+    # another rank's shard must be refused
+    dist.barrier()
+    other = os.path.join(out_dir, f"optim_rank{(rank + 1) % world}.pt")
+    try:
+        DistMuonAdamW(make_problem()[1]).load_state_dict(torch.load(other))
+        wrong_shard_refused = False
+    except ValueError:
+        wrong_shard_refused = True
 
     torch.save(dict(params=final, norms=norms, state_shapes=state_shapes, all_reduce_calls=len(calls),
-                    extra_step=[p.detach() for p in params],
+                    extra_step=[p.detach() for p in params], wrong_shard_refused=wrong_shard_refused,
                     resumed=[p.detach() for p in params_c]), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
