@@ -4,7 +4,7 @@ connection parameters move, and the Figure-2 diagnostic still holds after traini
 import pytest
 import torch
 
-from nanochat.connections.diagnostics import hc_stats
+from nanochat.connections.diagnostics import collect_hc_stats
 from nanochat.gpt import GPTConfig, build_model
 
 VOCAB = 64
@@ -44,7 +44,7 @@ def test_tiny_model_trains(variant, streams):
     assert losses[-1] < 0.7 * losses[0], losses
     moved = [name for name, p in model.connections.named_parameters() if not torch.equal(p, before[name])]
     assert len(moved) == len(before)
-    stats = hc_stats(model, x)
+    stats = collect_hc_stats(model, x)
     if variant in ("mhc_lite", "kromhc"):
         assert stats["composite_col_mae"] < 1e-6 and stats["composite_row_mae"] < 1e-6
     if variant == "mhc":

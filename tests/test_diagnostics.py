@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nanochat import connections
-from nanochat.connections.diagnostics import (composite_product, composite_stats, ds_errors, hc_layer_params,
-                                              hc_stats, model_hc_params)
+from nanochat.connections.diagnostics import (collect_hc_stats, composite_product, composite_stats, ds_errors,
+                                              hc_layer_params, model_hc_params)
 from nanochat.gpt import GPTConfig, build_model, norm
 from nanochat.paper_results import MAIN, N_SCALING_DELTA_PARAMS_M, PAPER_DEPTHS, PAPER_STREAMS
 
@@ -142,7 +142,7 @@ def test_composite_stats_by_hand():
 def test_hc_stats_on_a_tiny_gpt(variant):
     model = tiny_gpt(variant)
     idx = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
-    stats = hc_stats(model, idx)
+    stats = collect_hc_stats(model, idx)
     json.dumps(stats, allow_nan=False)
     n = model.connections.n
     assert stats["variant"] == variant and stats["n"] == n and stats["tokens"] == 32
@@ -174,7 +174,7 @@ def test_capture_records_the_coefficients_the_forward_used():
 @pytest.mark.parametrize("variant", ("mhc_lite", "kromhc"))
 def test_birkhoff_composites_stay_exact_far_from_init(variant):
     model = perturb_connections(tiny_gpt(variant, n_layer=3), 3.0)
-    stats = hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2)))
+    stats = collect_hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2)))
     assert stats["composite_col_mae_max"] < 1e-6 and stats["composite_row_mae_max"] < 1e-6
     assert stats["fwd_gain"] == pytest.approx(1, abs=1e-6) and stats["bwd_gain"] == pytest.approx(1, abs=1e-6)
     assert max(l["identity_dist"] for l in stats["layers"]) > 0.1  # really mixing, not identity
@@ -182,7 +182,7 @@ def test_birkhoff_composites_stay_exact_far_from_init(variant):
 
 def test_mhc_composite_is_exact_on_columns_only():
     model = perturb_connections(tiny_gpt("mhc", n_layer=3), 6.0)
-    stats = hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3)))
+    stats = collect_hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3)))
     assert stats["composite_col_mae"] < 1e-6
     assert stats["composite_row_mae"] > 1e-3
     assert stats["max_layer_row_err"] > 1e-3 and stats["max_layer_col_err"] < 1e-6
@@ -190,7 +190,7 @@ def test_mhc_composite_is_exact_on_columns_only():
 
 def test_hc_composite_drifts_once_trained_away_from_identity():
     model = perturb_connections(tiny_gpt("hc", n_layer=3), 3.0)
-    stats = hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(4)))
+    stats = collect_hc_stats(model, torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(4)))
     assert stats["composite_col_mae"] > 1e-2 and stats["composite_row_mae"] > 1e-2
     assert stats["fwd_gain"] > 1.5
 
@@ -200,6 +200,6 @@ def test_residual_composite_is_the_product_of_the_stream_scales():
     with torch.no_grad():
         for j, layer in enumerate(model.connections.layers[::2]):
             layer.lambdas[0] = 0.5 + j
-    stats = hc_stats(model, torch.randint(0, VOCAB, (1, 8)))
+    stats = collect_hc_stats(model, torch.randint(0, VOCAB, (1, 8)))
     assert stats["fwd_gain"] == pytest.approx(0.5 * 1.5 * 2.5)
     assert stats["composite_col_mae"] == pytest.approx(abs(0.5 * 1.5 * 2.5 - 1))

@@ -137,7 +137,7 @@ def stats_from_records(records, variant, n):
 
 
 @torch.no_grad()
-def hc_stats(model, idx):
+def collect_hc_stats(model, idx):
     """Run `model` (the uncompiled GPT) on token ids idx (B, T) and return the
     JSON-serializable diagnostics of its connections: composite_col_mae, composite_row_mae,
     fwd_gain, bwd_gain, per-layer dicts, variant, n, and more. Coefficients are those the
