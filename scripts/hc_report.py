@@ -1,0 +1,223 @@
+"""Hyper-connection report: parameter counts beside the KromHC paper's, and the Figure-2
+stability diagnostics of a trained checkpoint.
+
+python -m scripts.hc_report --params [--depth D --streams N [--factors 2 2] [--width C]]
+python -m scripts.hc_report --checkpoint RUN_DIR [--step N] [--random-tokens] [--batch-size 4]
+
+--params prints the paper's Table 2 parameter column (n = 4, D = 6 and 12), KromHC's
+width-n table (D = 12) and the params-vs-n figure (per HC layer, C = 512, i_k = 2).
+--checkpoint runs one batch of validation tokens through the model, writes hc_stats.json
+in the run directory and prints the per-layer and composite numbers.
+"""
+
+import argparse
+import json
+import math
+import os
+
+import torch
+
+from nanochat import paper_results as paper
+from nanochat.connections.diagnostics import HC_VARIANTS, collect_hc_stats, model_hc_params, hc_layer_params
+from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
+
+PAPER_WIDTHS = {6: 384, 12: 768}  # model_dim of the paper's D = 6 and D = 12 (head dim 128)
+
+
+def kilo(x):
+    return f"{x / 1e3:.1f}K"
+
+
+def pct(ours, theirs):
+    return f"{100 * (ours - theirs) / theirs:+.2f}%"
+
+
+def table(header, rows):
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def main_table():
+    n = paper.PAPER_STREAMS
+    rows, diffs = [], []
+    for variant in HC_VARIANTS:
+        row = [paper.METHOD_NAMES[variant]]
+        for depth in paper.PAPER_DEPTHS:
+            C = PAPER_WIDTHS[depth]
+            ours = model_hc_params(variant, n, C, depth)
+            ref = paper.MAIN.get((depth, variant))
+            theirs = ref.delta_params_k * 1000 if ref else None
+            if theirs:
+                diffs.append(abs(ours - theirs) / theirs)
+            row += [kilo(ours), f"{theirs / 1e3:.0f}K" if theirs else "-", pct(ours, theirs) if theirs else "-",
+                    kilo(model_hc_params(variant, n, C, depth, norm_weight=False))]
+        rows.append(row)
+    header = ["variant"]
+    for depth in paper.PAPER_DEPTHS:
+        header += [f"D={depth} (C={PAPER_WIDTHS[depth]})", "paper", "diff", "no norm w."]
+    return (f"{paper.MAIN_TABLE}, the ΔParams column: connection parameters, n = {n}, L = 2D HC layers,\n"
+            f"counting the RMSNorm weight over nC (the paper's table does; its closed-form formula omits it).\n"
+            f"Per layer: nC(2n+R) + (2n+R) + 3 + nC with R = n^2 (HC, mHC), n! (mHC-lite), sum_k i_k! (KromHC);\n"
+            f"HC (H_res = I): nC*2n + 2n + 2 + nC. Largest difference to the paper: {100 * max(diffs):.2f}% "
+            f"(its entries are rounded to 1K).\n\n"
+            + table(header, rows))
+
+
+def scaling_table():
+    depth, C = paper.N_SCALING_DEPTH, PAPER_WIDTHS[paper.N_SCALING_DEPTH]
+    rows = []
+    for n, theirs in paper.N_SCALING_DELTA_PARAMS_M.items():
+        factors = list(paper.N_SCALING_FACTORS[n])
+        ours = model_hc_params("kromhc", n, C, depth, factors)
+        rows.append([n, "x".join(map(str, factors)), f"{ours / 1e6:.2f}M", f"{theirs:.2f}M", pct(ours, theirs * 1e6),
+                     f"{model_hc_params('kromhc', n, C, depth, factors, norm_weight=False) / 1e6:.2f}M"])
+    return (f"{paper.N_SCALING_TABLE}: KromHC ΔParams at D = {depth} (C = {C})\n\n"
+            + table(["n", "factors", "ours", "paper", "diff", "no norm w."], rows)
+            + f"\n\nNote: {paper.N_SCALING_NOTE}. We report our count.")
+
+
+def params_vs_n_table(C=paper.PARAMS_VS_N_C, streams=range(2, 17)):
+    rows = []
+    for n in streams:
+        row = [n]
+        for variant in HC_VARIANTS:
+            factors = None
+            if variant == "kromhc":
+                k = round(math.log2(n))
+                factors = [2] * k if 2 ** k == n else None  # i_k = 2 where n is a power of two
+            try:
+                count = f"{hc_layer_params(variant, n, C, factors):,}"
+            except ValueError:
+                count = "n/a (prime > 5)"
+            if variant == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
+                count = f"{hc_layer_params(variant, n, C):.2e} (infeasible)"
+            if variant == "kromhc" and factors is None and "n/a" not in count:
+                count += " *"
+            row.append(count)
+        rows.append(row)
+    return (f"{paper.PARAMS_VS_N_FIGURE}: parameters per HC layer against n, C = {C}, with the norm weight;\n"
+            f"KromHC with i_k = 2 (n = 2^K); * = other n, prime factors <= 5; mHC-lite refused above "
+            f"n = {MHC_LITE_MAX_STREAMS}.\n\n"
+            + table(["n", *(paper.METHOD_NAMES[v] for v in HC_VARIANTS)], rows))
+
+
+def custom_table(depth, n, factors, width):
+    from nanochat.gpt import model_config_from_depth
+    C = width or model_config_from_depth(depth, vocab_size=64, sequence_len=64).n_embd
+    rows = []
+    for variant in HC_VARIANTS:
+        f = factors if variant == "kromhc" else None
+        if variant == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
+            rows.append([paper.METHOD_NAMES[variant], f"refused: n > {MHC_LITE_MAX_STREAMS}", "", ""])
+            continue
+        try:
+            rows.append([paper.METHOD_NAMES[variant], f"{hc_layer_params(variant, n, C, f):,}",
+                         f"{model_hc_params(variant, n, C, depth, f):,}",
+                         f"{model_hc_params(variant, n, C, depth, f, norm_weight=False):,}"])
+        except ValueError as e:
+            rows.append([paper.METHOD_NAMES[variant], f"n/a: {e}", "", ""])
+    return (f"n = {n}, D = {depth} (C = {C}, L = {2 * depth})"
+            + (f", KromHC factors {'x'.join(map(str, factors))}" if factors else "") + "\n\n"
+            + table(["variant", "per layer", "model", "model, no norm w."], rows))
+
+
+def print_params(args):
+    print(main_table(), end="\n\n")
+    print(scaling_table(), end="\n\n")
+    print(params_vs_n_table())
+    if args.depth or args.streams:
+        print()
+        print(custom_table(args.depth or 12, args.streams or paper.PAPER_STREAMS, args.factors, args.width))
+
+
+def resolve_run_dir(path):
+    from nanochat.checkpoint import run_dir_for
+    if os.path.isdir(path):
+        return path
+    tagged = run_dir_for(path)
+    if os.path.isdir(tagged):
+        return tagged
+    raise SystemExit(f"--checkpoint {path}: neither a directory nor a model tag under {os.path.dirname(tagged)}")
+
+
+def checkpoint_tokens(args, model, device):
+    """(token ids (B, T), description): a validation batch, or random ids when asked."""
+    T = args.seq_len or model.config.sequence_len
+    if args.random_tokens:
+        g = torch.Generator().manual_seed(args.seed)
+        return torch.randint(0, model.config.vocab_size, (args.batch_size, T), generator=g).to(device), \
+            f"random tokens (seed {args.seed}), not validation data"
+    from nanochat.dataloader import build_val_loader
+    from nanochat.dataset import DatasetError
+    from nanochat.tokenizer import get_tokenizer
+    try:
+        with build_val_loader(get_tokenizer(args.tokenizer_dir), args.batch_size, T, device=device,
+                              data_dir=args.data_dir) as loader:
+            x, _ = next(loader)
+    except (DatasetError, FileNotFoundError) as e:
+        raise SystemExit(f"no validation tokens ({e}); pass --random-tokens to run on random ids instead")
+    return x, "the first validation batch"
+
+
+def layer_table(stats):
+    rows = [[l["index"], l["sublayer"], f"{l['row_err']:.2e}", f"{l['col_err']:.2e}", f"{l['min_entry']:.2e}",
+             f"{l['identity_dist']:.3f}", f"{l['composite_row_mae']:.2e}", f"{l['composite_col_mae']:.2e}",
+             " ".join(f"{r:.2f}" for r in l["stream_rms"])] for l in stats["layers"]]
+    header = ["layer", "F", "row err", "col err", "min", "|H-I|", "prod row MAE", "prod col MAE", "stream RMS"]
+    return table(header, rows)
+
+
+def report_checkpoint(args):
+    from nanochat.checkpoint import atomic_write, load_model
+    from nanochat.common import autodetect_device_type, compute_dtype
+    run_dir = resolve_run_dir(args.checkpoint)
+    device_type = args.device_type or autodetect_device_type()
+    device = torch.device(device_type)
+    model, meta = load_model(run_dir, step=args.step, device=device)
+    x, source = checkpoint_tokens(args, model, device)
+    dtype = compute_dtype(device_type)
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+        stats = collect_hc_stats(model, x)
+    stats.update(step=meta.get("step", args.step), tokens_source=source)
+    path = os.path.join(run_dir, "hc_stats.json")
+    atomic_write(path, json.dumps(stats, indent=1))
+    print(f"{run_dir}: {stats['variant']}, n = {stats['n']}, step {stats['step']}, {stats['tokens']} tokens from "
+          f"{source}; coefficients fp32, streams {stats['stream_dtype']}\n")
+    print(layer_table(stats), end="\n\n")
+    print(f"composite over {len(stats['layers'])} layers (float64 product of each token's H_res):")
+    for key in ("composite_col_mae", "composite_row_mae", "composite_col_mae_max", "composite_row_mae_max",
+                "fwd_gain", "bwd_gain", "uniform_dist"):
+        print(f"  {key:22s} {stats[key]:.3e}")
+    print("Rows are target streams (X_next = H_res X): the paper's Figure-2 'column sums' are those of its code's\n"
+          "A = H_res^T, i.e. our row sums; mHC here is exact on columns (its last Sinkhorn step), so its error\n"
+          f"shows in the row MAE. Paper ({paper.STABILITY_FIGURE}, D = 12): mHC ~0.05, mHC-lite and KromHC 0.")
+    print(f"\nwrote {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.hc_report", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--params", action="store_true", help="parameter tables beside the paper's")
+    mode.add_argument("--checkpoint", metavar="RUN_DIR", help="run directory (or model tag) to diagnose")
+    parser.add_argument("--depth", type=int, default=None, help="--params: also tabulate this depth")
+    parser.add_argument("--streams", type=int, default=None, help="--params: ... and this n (default 4)")
+    parser.add_argument("--factors", type=int, nargs="+", default=None, help="--params: KromHC factors")
+    parser.add_argument("--width", type=int, default=None, help="--params: model width C (default from depth)")
+    parser.add_argument("--step", type=int, default=None, help="--checkpoint: step (default: latest complete)")
+    parser.add_argument("--batch-size", type=int, default=4, help="--checkpoint: rows of tokens")
+    parser.add_argument("--seq-len", type=int, default=None, help="--checkpoint: tokens per row (default: model's)")
+    parser.add_argument("--random-tokens", action="store_true", help="--checkpoint: random ids instead of val data")
+    parser.add_argument("--seed", type=int, default=0, help="--random-tokens seed")
+    parser.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
+    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--tokenizer-dir", default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
+    args = parser.parse_args(argv)
+    if args.params:
+        print_params(args)
+    else:
+        report_checkpoint(args)
+
+
+if __name__ == "__main__":
+    main()

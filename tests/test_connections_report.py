@@ -1,0 +1,61 @@
+"""scripts/hc_report: the parameter tables and the checkpoint diagnostics (hc_stats.json)."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nanochat import checkpoint
+from nanochat.connections.diagnostics import model_hc_params
+from nanochat.gpt import GPTConfig, build_model
+from scripts import hc_report
+
+
+def test_params_tables(capsys):
+    hc_report.main(["--params"])
+    out = capsys.readouterr().out
+    for variant, name in (("mhc", "mHC"), ("mhc_lite", "mHC-lite"), ("kromhc", "KromHC")):
+        row = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert f"{model_hc_params(variant, 4, 384, 6) / 1e3:.1f}K" in row
+        assert f"{model_hc_params(variant, 4, 768, 12) / 1e3:.1f}K" in row
+    assert "Largest difference to the paper: 0.19%" in out
+    assert "3.39M" in out and "12.09M" in out and "match no parameter convention" in out
+    assert "(infeasible)" in out and "n/a (prime > 5)" in out
+
+
+def test_params_custom_depth_and_factors(capsys):
+    hc_report.main(["--params", "--depth", "6", "--streams", "8", "--factors", "4", "2"])
+    out = capsys.readouterr().out.split("n = 8, D = 6")[1]
+    assert f"{model_hc_params('kromhc', 8, 384, 6, [4, 2]):,}" in out
+    assert "refused: n > 6" in out
+
+
+def test_help_runs():
+    result = subprocess.run([sys.executable, "-m", "scripts.hc_report", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--checkpoint" in result.stdout
+
+
+@pytest.mark.parametrize("variant", ("kromhc", "residual"))
+def test_checkpoint_writes_hc_stats(tmp_path, capsys, variant):
+    cfg = GPTConfig(sequence_len=16, vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32, hc=variant)
+    model = build_model(cfg, "cpu")
+    run_dir = str(tmp_path / "run")
+    meta = {"model_config": dataclasses.asdict(cfg), "step": 5, "world_size": 1}
+    checkpoint.save_rank_files(run_dir, 5, 0, {}, model.state_dict(), meta)
+    checkpoint.mark_latest(run_dir, 5)
+    hc_report.main(["--checkpoint", run_dir, "--random-tokens", "--device-type", "cpu", "--batch-size", "2"])
+    out = capsys.readouterr().out
+    assert "random tokens" in out and "hc_stats.json" in out
+    stats = json.load(open(tmp_path / "run" / "hc_stats.json"))
+    assert stats["variant"] == variant and stats["n"] == model.connections.n and stats["step"] == 5
+    assert stats["tokens"] == 2 * 16 and len(stats["layers"]) == 4
+    for key in ("composite_col_mae", "composite_row_mae", "fwd_gain", "bwd_gain"):
+        assert isinstance(stats[key], float)
+
+
+def test_checkpoint_missing_run_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="neither a directory nor a model tag"):
+        hc_report.main(["--checkpoint", str(tmp_path / "nope"), "--random-tokens"])
