@@ -275,7 +275,8 @@ def parquets_iter_batched(split, start=0, step=1, data_dir=None):
 def split_stats(split, data_dir=None):
     """Files, row groups, documents and text bytes of a split, from parquet metadata alone.
     text_bytes is the uncompressed size of the `text` column minus the 4-byte length of
-    each value: close to the UTF-8 size of the text (an estimate, no data is read)."""
+    each value: close to the UTF-8 size of the text for shards in our layout (plain
+    encoding, no statistics), an estimate read without decoding any data."""
     stats = {"files": 0, "row_groups": 0, "docs": 0, "text_bytes": 0}
     for path in list_parquet_files(split, data_dir):
         meta = pq.ParquetFile(path).metadata
@@ -460,9 +461,16 @@ def _compiled_module_documents(name):
     """Docstrings of a C module (math, itertools, sys...): these need an import, which for
     compiled stdlib modules runs no Python code."""
     module = importlib.import_module(name)
+    members = vars(module)
     parts = [inspect.cleandoc(module.__doc__)] if isinstance(module.__doc__, str) else []
-    for key, value in sorted(vars(module).items()):
-        if key.startswith("_") or not (inspect.isroutine(value) or inspect.isclass(value)):
+    for key, value in sorted(members.items()):
+        if key.startswith("_"):
+            continue
+        # sys keeps the original of each hook a program may replace (pytest replaces
+        # sys.unraisablehook) as __hook__: document that, whatever the process did.
+        original = members.get(f"__{key}__")
+        value = original if inspect.isroutine(original) else value
+        if not (inspect.isroutine(value) or inspect.isclass(value)):
             continue
         if getattr(value, "__module__", name) != name or not isinstance(value.__doc__, str):
             continue
