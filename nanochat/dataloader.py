@@ -1,0 +1,277 @@
+"""Batches of token ids for pretraining: BOS-aligned best-fit packing, row groups strided
+across ranks, tokenization in a background thread, and an exact resumable state.
+
+Each row of a batch holds T+1 tokens built from whole documents, each starting with
+<|bos|>: the largest buffered document that still fits goes in next; when none fits, the
+shortest one is cropped to fill the row exactly (its remainder is dropped). So every row
+starts with BOS and there is no padding. x = row[:-1], y = row[1:].
+
+Rank r of W reads row groups r, r+W, r+2W, ... of every file of the split, in file order;
+after the last file it starts again at file 0 with the next epoch.
+
+state_dict() describes what next() has consumed, never what the prefetch thread read
+ahead: the position of the last document taken into the buffer, and the buffered
+documents themselves as (file, row group, index) references. A loader rebuilt from it
+re-reads and re-tokenizes those documents and then yields exactly the batches the
+uninterrupted loader would have. Each rank saves and restores its own state.
+"""
+
+import bisect
+import os
+import queue
+import threading
+import weakref
+from collections import deque
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from nanochat.common import print0
+from nanochat.dataset import DatasetError, list_parquet_files
+
+STATE_VERSION = 1
+
+
+class _RowGroupReader:
+    """Texts of one row group at a time, keeping the last file open."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self._open = (None, None)
+
+    def __call__(self, file_idx, rg):
+        if self._open[0] != file_idx:
+            self._open = (file_idx, pq.ParquetFile(self.paths[file_idx]))
+        return self._open[1].read_row_group(rg, columns=["text"]).column("text").to_pylist()
+
+
+def _produce(plan, paths, start, tokenizer, bos, batch_size, threads, out, stop):
+    """Prefetch thread: from `start` = (epoch, plan index, doc), tokenize this rank's
+    documents in order, forever, and put lists of ((epoch, plan index, doc), ids) on `out`.
+    Holds no reference to the loader, so a dropped loader can be collected (and stop us)."""
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        read = _RowGroupReader(paths)
+        epoch, i, first = start
+        while not stop.is_set():
+            texts = read(*plan[i])
+            for s in range(first, len(texts), batch_size):
+                ids = tokenizer.encode(texts[s:s + batch_size], prepend=bos, num_threads=threads)
+                if not put([((epoch, i, s + j), np.asarray(d, dtype=np.int32)) for j, d in enumerate(ids)]):
+                    return
+            first, i = 0, i + 1
+            if i == len(plan):
+                epoch, i = epoch + 1, 0
+    except BaseException as e:  # surfaced by next() in the training thread
+        put(e)
+
+
+class BestFitLoader:
+    """Iterator of (x, y), each (B, T) int64 on `device`; see the module docstring.
+
+    x and y are fresh tensors every step (safe to keep across next()). On CUDA the rows are
+    assembled in pinned host memory and copied with one non-blocking host-to-device copy."""
+
+    def __init__(self, tokenizer, B, T, split, device="cpu", rank=0, world_size=1, data_dir=None, state=None,
+                 buffer_size=1000, tokenizer_threads=4, tokenizer_batch_size=128):
+        if B <= 0 or T <= 0 or buffer_size <= 0 or tokenizer_batch_size <= 0:
+            raise ValueError(f"B, T, buffer_size and tokenizer_batch_size must be positive "
+                             f"(got {B}, {T}, {buffer_size}, {tokenizer_batch_size})")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.B, self.T, self.split = B, T, split
+        self.rank, self.world_size, self.buffer_size = rank, world_size, buffer_size
+        self.device = torch.device(device)
+        self.tokenizer, self.bos = tokenizer, tokenizer.get_bos_token_id()
+        self.paths = list_parquet_files(split, data_dir)
+        self.files = [os.path.basename(p) for p in self.paths]
+        # This rank's row groups in reading order, as (file index, row group index).
+        self.plan = [(f, rg) for f, path in enumerate(self.paths)
+                     for rg in range(rank, pq.ParquetFile(path).metadata.num_row_groups, world_size)]
+        if not self.plan:
+            total = sum(pq.ParquetFile(p).metadata.num_row_groups for p in self.paths)
+            raise DatasetError(f"rank {rank} of {world_size} has nothing to read: the {split} split has "
+                               f"{len(self.paths)} files with {total} row groups in all, and each rank reads "
+                               f"row groups rank, rank+W, ... of every file. Use fewer ranks or a bigger corpus.")
+
+        # The buffer: seq -> (plan index, doc index, ids), plus (length, seq) kept sorted so
+        # best-fit is a bisection. seq grows with arrival, so ties go to the oldest document.
+        self._docs, self._by_len, self._next_seq = {}, [], 0
+        self._cursor = None  # (epoch, plan index, doc) of the last document taken into the buffer
+        self.epoch = 1
+        self.stats = {"batches": 0, "docs": 0, "tokens_kept": 0, "tokens_cropped": 0}
+        if state is not None:
+            self._load_state(state)
+        start = (1, 0, 0) if self._cursor is None else (self._cursor[0], self._cursor[1], self._cursor[2] + 1)
+
+        self._pending = deque()  # tokenized by the prefetch thread, not yet in the buffer
+        self._queue = queue.Queue(maxsize=max(4, 2 * -(-buffer_size // tokenizer_batch_size)))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_produce, daemon=True, name=f"dataloader-{split}-rank{rank}",
+            args=(self.plan, self.paths, start, tokenizer, self.bos, tokenizer_batch_size, tokenizer_threads,
+                  self._queue, self._stop))
+        self._thread.start()
+        weakref.finalize(self, self._stop.set)
+
+        self._rows = np.empty((B, T + 1), dtype=np.int64)
+        if self.device.type == "cuda":
+            # Two pinned buffers in turn; before refilling one, wait for the copy that read it.
+            self._pinned = [torch.empty((2, B, T), dtype=torch.int64).pin_memory() for _ in range(2)]
+            self._copied = [None, None]
+
+    # ---------------------------------------------------------------- buffer and packing
+
+    def _insert(self, plan_idx, doc_idx, ids):
+        seq = self._next_seq
+        self._next_seq += 1
+        self._docs[seq] = (plan_idx, doc_idx, ids)
+        bisect.insort(self._by_len, (len(ids), seq))
+
+    def _pull(self):
+        """Move the next document of the stream from the prefetch thread into the buffer."""
+        while not self._pending:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError(f"the {self.split} dataloader is closed") from None
+                continue
+            if isinstance(item, BaseException):
+                raise RuntimeError(f"the {self.split} dataloader's prefetch thread failed: {item}") from item
+            self._pending.extend(item)
+        (epoch, plan_idx, doc_idx), ids = self._pending.popleft()
+        if epoch > self.epoch:
+            self.epoch = epoch
+            print0(f"dataloader: the {self.split} split is exhausted, starting epoch {epoch}")
+        self._cursor = (epoch, plan_idx, doc_idx)
+        self._insert(plan_idx, doc_idx, ids)
+
+    def _take(self, room):
+        """Remove and return the ids for the next `room`-or-fewer slots of a row: the
+        largest document that fits, else the shortest one cropped to `room`."""
+        i = bisect.bisect_right(self._by_len, (room, self._next_seq))
+        if i > 0:
+            i = bisect.bisect_left(self._by_len, (self._by_len[i - 1][0], -1))  # oldest of that length
+        _, seq = self._by_len.pop(i)
+        ids = self._docs.pop(seq)[2]
+        self.stats["docs"] += 1
+        self.stats["tokens_kept"] += min(room, len(ids))
+        self.stats["tokens_cropped"] += max(0, len(ids) - room)
+        return ids[:room]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._stop.is_set():
+            raise RuntimeError(f"the {self.split} dataloader is closed")
+        rows, width = self._rows, self.T + 1
+        for b in range(self.B):
+            pos = 0
+            while pos < width:
+                while len(self._docs) < self.buffer_size:
+                    self._pull()
+                ids = self._take(width - pos)
+                rows[b, pos:pos + len(ids)] = ids
+                pos += len(ids)
+        self.stats["batches"] += 1
+        return self._to_device(rows)
+
+    def _to_device(self, rows):
+        if self.device.type != "cuda":
+            x = torch.from_numpy(rows[:, :-1].copy())
+            y = torch.from_numpy(rows[:, 1:].copy())
+            return (x, y) if self.device.type == "cpu" else (x.to(self.device), y.to(self.device))
+        k = self.stats["batches"] % 2
+        if self._copied[k] is not None:
+            self._copied[k].synchronize()
+        host = self._pinned[k]
+        host[0].numpy()[:] = rows[:, :-1]
+        host[1].numpy()[:] = rows[:, 1:]
+        dev = torch.empty((2, self.B, self.T), dtype=torch.int64, device=self.device)
+        dev.copy_(host, non_blocking=True)
+        self._copied[k] = torch.cuda.Event()
+        self._copied[k].record()
+        return dev[0], dev[1]
+
+    @property
+    def packing_efficiency(self):
+        """Fraction of the tokens taken from documents that ended up in a row (the rest
+        were cropped away)."""
+        seen = self.stats["tokens_kept"] + self.stats["tokens_cropped"]
+        return self.stats["tokens_kept"] / seen if seen else 1.0
+
+    # ---------------------------------------------------------------------------- state
+
+    def _ref(self, plan_idx, doc_idx):
+        f, rg = self.plan[plan_idx]
+        return [f, rg, doc_idx]
+
+    def state_dict(self):
+        """JSON-serializable: what next() has consumed so far (see the module docstring)."""
+        cursor = None if self._cursor is None else [self._cursor[0], *self._ref(*self._cursor[1:])]
+        return {
+            "version": STATE_VERSION, "split": self.split, "rank": self.rank, "world_size": self.world_size,
+            "files": self.files, "buffer_size": self.buffer_size, "vocab_size": self.tokenizer.get_vocab_size(),
+            "epoch": self.epoch,
+            "cursor": cursor,  # [epoch, file, row group, doc] of the last document buffered
+            "buffer": [self._ref(p, d) for p, d, _ in self._docs.values()],  # [file, row group, doc], oldest first
+            "stats": dict(self.stats),
+        }
+
+    def _load_state(self, state):
+        expected = {"version": STATE_VERSION, "split": self.split, "rank": self.rank, "world_size": self.world_size,
+                    "buffer_size": self.buffer_size, "vocab_size": self.tokenizer.get_vocab_size()}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(f"dataloader state has {key}={state.get(key)!r} but this loader has {value!r}: "
+                                 "resume with the same split, rank, world size, buffer size and tokenizer")
+        if state["files"] != self.files:
+            raise DatasetError(f"the {self.split} files changed since the state was saved ({len(state['files'])} "
+                               f"then, {len(self.files)} now): resume with the same shards in the data dir")
+        index = {rg: i for i, rg in enumerate(self.plan)}
+        self.epoch = state["epoch"]
+        self.stats = dict(state["stats"])
+        if state["cursor"] is not None:
+            epoch, f, rg, doc = state["cursor"]
+            self._cursor = (epoch, index[(f, rg)], doc)
+        # Re-read each row group once, re-tokenize the buffered documents, keep their order.
+        wanted = {}
+        for f, rg, doc in state["buffer"]:
+            wanted.setdefault((f, rg), []).append(doc)
+        read, ids = _RowGroupReader(self.paths), {}
+        for (f, rg), docs in sorted(wanted.items()):
+            texts = read(f, rg)
+            for doc, toks in zip(docs, self.tokenizer.encode([texts[d] for d in docs], prepend=self.bos)):
+                ids[(f, rg, doc)] = np.asarray(toks, dtype=np.int32)
+        for f, rg, doc in state["buffer"]:
+            self._insert(index[(f, rg)], doc, ids[(f, rg, doc)])
+
+    def close(self):
+        """Stop the prefetch thread (also done when the loader is garbage collected)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def build_val_loader(tokenizer, B, T, device="cpu", rank=0, world_size=1, data_dir=None, **kwargs):
+    """A fresh loader on the pinned val shard. Build one per evaluation: it always yields
+    the same first batches, so val bpb is comparable across steps and runs."""
+    return BestFitLoader(tokenizer, B, T, "val", device=device, rank=rank, world_size=world_size,
+                         data_dir=data_dir, **kwargs)
