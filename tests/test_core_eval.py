@@ -507,3 +507,106 @@ def test_gpt2_reference_csvs_parse_and_center_consistently():
     # nanochat's published GPT-2 CORE values (NANOCHAT.md 5.5)
     assert cores["openai-community-gpt2"] == pytest.approx(0.1139, abs=1e-4)
     assert cores["openai-community-gpt2-xl"] == pytest.approx(0.256525, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- the CLI, end to end
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A base dir with a small corpus, a trained tokenizer and a saved tiny KromHC GPT (untrained)."""
+    import dataclasses
+
+    from nanochat import checkpoint
+    from nanochat.dataset import write_corpus
+    from nanochat.gpt import GPTConfig, build_model
+    from nanochat.tokenizer import Tokenizer
+
+    base = tmp_path_factory.mktemp("base")
+    rng = random.Random(0)
+    words = "the a cat dog sat ran on under tree house river quickly slowly big small red blue".split()
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))).capitalize() + "." for _ in range(300)]
+    write_corpus(docs, str(base / "base_data"), {"source": "test"}, rows_per_group=16)
+    tokenizer = Tokenizer.train_from_iterator(docs, 400)
+    tokenizer.save(str(base / "tokenizer"))
+    torch.manual_seed(0)
+    config = GPTConfig(sequence_len=32, vocab_size=tokenizer.get_vocab_size(), n_layer=2, n_head=2, n_kv_head=2,
+                       n_embd=32, window_pattern="L", hc="kromhc", hc_streams=4)
+    model = build_model(config, "cpu")
+    run_dir = base / "runs" / "tiny"
+    meta = {"step": 5, "model_config": dataclasses.asdict(config), "settings": {}, "world_size": 1}
+    checkpoint.save_rank_files(str(run_dir), 5, 0, {}, model_state=model.state_dict(), meta=meta)
+    checkpoint.mark_latest(str(run_dir), 5)
+    return base, run_dir
+
+
+def run_cli(base, *args):
+    import subprocess
+    import sys
+
+    # one intra-op thread: a tiny model gains nothing from more, and on a shared 2-core
+    # machine oversubscribed threads make it ten times slower
+    env = dict(os.environ, NANOCHAT_BASE_DIR=str(base), NANOCHAT_DTYPE="float32", CUDA_VISIBLE_DEVICES="",
+               OMP_NUM_THREADS="1")
+    env.pop("NANOCHAT_EVAL_BUNDLE", None)
+    return subprocess.run([sys.executable, "-m", "scripts.base_eval", *args], cwd=Path(__file__).resolve().parents[1],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@needs_real_bundle
+def test_cli_refuses_the_full_task_list_of_an_incomplete_bundle(tiny_run):
+    base, _ = tiny_run
+    proc = run_cli(base, "--model-tag", "tiny", "--eval", "core", "--eval-bundle", str(REAL_BUNDLE))
+    assert proc.returncode != 0
+    assert "lacks the data of" in proc.stderr and "--tasks available" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@needs_real_bundle
+@pytest.mark.slow
+def test_cli_evaluates_a_tiny_model_on_every_available_task(tiny_run):
+    base, run_dir = tiny_run
+    proc = run_cli(base, "--model-tag", "tiny", "--eval-bundle", str(REAL_BUNDLE), "--tasks", "available",
+                   "--max-per-task", "11", "--device-batch-size", "2", "--split-tokens", "256", "--device-type", "cpu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CORE (partial: 18 tasks)" in proc.stdout
+    metas = core_eval.load_task_metas(str(REAL_BUNDLE))
+    absent = [m["label"] for m in metas if not os.path.isfile(core_eval.task_path(str(REAL_BUNDLE), m))]
+    core = json.loads((run_dir / "core.json").read_text())
+    assert list(core["tasks"]) == [m["label"] for m in metas if m["label"] not in absent]
+    assert core["partial"] is True and core["settings"]["tasks_missing"] == absent
+    assert core["settings"]["max_per_task"] == 11 and core["settings"]["step"] == 5
+    assert core["settings"]["dtype"] == "float32" and core["settings"]["max_seq_len"] == 320  # 10 x sequence_len
+    baselines = {m["label"]: m["random_baseline"] for m in metas}
+    for label, t in core["tasks"].items():
+        assert t["examples"] == 11 and t["accuracy"] in {k / 11 for k in range(12)}
+        assert t["centered"] == pytest.approx(centered_accuracy(t["accuracy"], baselines[label]), abs=1e-12)
+    assert core["core_metric"] == pytest.approx(sum(t["centered"] for t in core["tasks"].values()) / 18, abs=1e-12)
+    rows = (run_dir / "core.csv").read_text().splitlines()
+    assert rows[0] == "task,type,shots,examples,accuracy,centered" and len(rows) == 20
+    assert rows[-1] == f"CORE,,,,,{core['core_metric']:.6f}"
+    results = json.loads((run_dir / "eval.json").read_text())
+    assert results["step"] == 5
+    # an untrained model: close to uniform over the vocabulary, so a few bits per byte
+    assert 0 < results["bpb"]["val"] < 20 and 0 < results["bpb"]["train"] < 20
+    assert [s["prompt"] for s in results["samples"]["greedy"]][0] == "The capital of France is"
+    assert len(results["samples"]["greedy"]) == 7 and len(results["samples"]["temperature"]) == 4
+
+    # the CLI's numbers are evaluate_core's on the same checkpoint
+    from nanochat import checkpoint
+    from nanochat.tokenizer import get_tokenizer
+    model, _ = checkpoint.load_model(str(run_dir), device="cpu")
+    tokenizer = get_tokenizer(str(base / "tokenizer"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = evaluate_core(model, tokenizer, "cpu", str(REAL_BUNDLE), max_per_task=11,
+                            tasks="copa,winograd,bigbench_operators", max_seq_len=model.rotary_len)
+    finally:
+        torch.set_num_threads(threads)
+    for label, accuracy in out["results"].items():
+        assert accuracy == core["tasks"][label]["accuracy"]
+
+    # --step names the outputs after the step
+    proc = run_cli(base, "--model-tag", "tiny", "--step", "5", "--eval", "core", "--eval-bundle", str(REAL_BUNDLE),
+                   "--tasks", "copa", "--max-per-task", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(json.loads((run_dir / "core_000005.json").read_text())["tasks"]) == ["copa"]
