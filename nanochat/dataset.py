@@ -96,9 +96,14 @@ def _shards_in(directory):
     return sorted(f for f in os.listdir(directory) if SHARD_RE.fullmatch(f))
 
 
+def _dir_flag(directory):
+    """The --data-dir part of a suggested command (none for the default directory)."""
+    return "" if directory == _data_dir() else f" --data-dir {directory}"
+
+
 def _fix_hint(directory):
     """The command that (re)creates this directory's corpus."""
-    flag = "" if directory == _data_dir() else f" --data-dir {directory}"
+    flag = _dir_flag(directory)
     marker = read_marker(directory) or {}
     if marker.get("source") == "offline":
         return f"`python -m nanochat.dataset --offline{flag}`"
@@ -169,6 +174,7 @@ def download_shard(index, directory, base_url=None, attempts=5, backoff=2.0, tim
         for attempt in range(attempts):
             try:
                 _fetch(url, path, timeout)
+                print(f"{name}: downloaded ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
                 return path
             except FileNotFoundError as e:
                 raise DatasetError(f"{e}: check --base-url / NANOCHAT_DATA_URL and the shard index") from e
@@ -245,10 +251,12 @@ def list_parquet_files(split, data_dir=None):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     directory = _data_dir(data_dir)
     names = _shards_in(directory)
+    if not names and read_marker(directory) is not None:
+        raise DatasetError(f"no shards in {directory} (an unfinished build?): run {_fix_hint(directory)}")
     if not names:
-        raise DatasetError(f"no shards in {directory}: run `python -m nanochat.dataset -n 8` "
-                           "(FineWeb-Edu), or `python -m nanochat.dataset --offline` without network"
-                           + ("" if directory == _data_dir() else f", with --data-dir {directory}"))
+        flag = _dir_flag(directory)
+        raise DatasetError(f"no shards in {directory}: run `python -m nanochat.dataset -n 8{flag}` (FineWeb-Edu), "
+                           f"or `python -m nanochat.dataset --offline{flag}` without network")
     val = shard_name(VAL_SHARD)
     files = [val] if split == "val" else [n for n in names if n != val]
     if split == "val" and val not in names:
@@ -313,8 +321,7 @@ def check_enough_data(tokens_needed, data_dir=None, chars_per_token=CHARS_PER_TO
     n = math.ceil(tokens_needed * chars_per_token / kept_fraction / per_shard)
     if n > MAX_SHARD:
         raise DatasetError(f"{msg}; even all {MAX_SHARD} train shards would not be enough: train for fewer iterations.")
-    flag = "" if directory == _data_dir() else f" --data-dir {directory}"
-    raise DatasetError(f"{msg}. Download more: `python -m nanochat.dataset -n {n}{flag}`")
+    raise DatasetError(f"{msg}. Download more: `python -m nanochat.dataset -n {n}{_dir_flag(directory)}`")
 
 
 # ------------------------------------------------------------------------ local corpora
@@ -341,38 +348,33 @@ def write_corpus(docs, data_dir, info, rows_per_group=LOCAL_ROW_GROUP, shard_cha
     os.makedirs(directory, exist_ok=True)
     for name in existing:
         os.remove(os.path.join(directory, name))
-    if marker is not None:
-        os.remove(os.path.join(directory, MARKER))
+    # Marked before writing, so that a build that fails halfway (bad input) leaves a
+    # directory the next build is allowed to replace.
+    _write_json(os.path.join(directory, MARKER), dict(info, complete=False))
 
-    val, group, shard, shard_idx, n_docs, n_chars = [], [], [], 0, 0, 0
-    shard_len = 0
+    val, shard, shard_len, shard_idx, n_docs, n_chars = [], [], 0, 0, 0, 0
 
     def flush_shard():
-        nonlocal shard, shard_idx, shard_len
         if shard_idx >= VAL_SHARD:
             raise DatasetError(f"more than {VAL_SHARD} train shards: raise shard_chars")
         _write_shard(os.path.join(directory, shard_name(shard_idx)), shard, rows_per_group)
-        shard, shard_idx, shard_len = [], shard_idx + 1, 0
+        return [], 0, shard_idx + 1
 
     for i, doc in enumerate(docs):
         n_docs, n_chars = n_docs + 1, n_chars + len(doc)
         if i % val_every == 0:
             val.append(doc)
             continue
-        group.append(doc)
-        if len(group) == rows_per_group:
-            shard += group
-            shard_len += sum(map(len, group))
-            group = []
-            if shard_len >= shard_chars:
-                flush_shard()
-    shard += group
+        shard.append(doc)
+        shard_len += len(doc)
+        if shard_len >= shard_chars and len(shard) % rows_per_group == 0:  # cut at a row-group boundary
+            shard, shard_len, shard_idx = flush_shard()
     if shard:
-        flush_shard()
+        shard, shard_len, shard_idx = flush_shard()
     if shard_idx == 0 or not val:
         raise DatasetError(f"a corpus needs at least 2 documents (one train, one val); got {n_docs}")
     _write_shard(os.path.join(directory, shard_name(VAL_SHARD)), val, rows_per_group)
-    info = dict(info, documents=n_docs, characters=n_chars, train_shards=shard_idx,
+    info = dict(info, complete=True, documents=n_docs, characters=n_chars, train_shards=shard_idx,
                 train_documents=n_docs - len(val), val_documents=len(val), rows_per_group=rows_per_group)
     _write_json(os.path.join(directory, MARKER), info)
     return info

@@ -344,9 +344,16 @@ def test_from_text(tmp_path, capsys):
     assert docs[-13:] == [f"json document {i}" for i in range(12)] + ["Short note."]
     marker = json.load(open(out / MARKER))
     assert marker["source"] == "text" and marker["documents"] == len(docs)
-    # rebuilding replaces the local corpus; bad input exits with the file and line
+    assert marker["complete"] is True
+    # bad input exits with the file and line; the half-built corpus is marked, so the next build may replace it
     (src / "rows.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
     with pytest.raises(SystemExit, match=r"rows.jsonl:2: .*`text`"):
         dataset.main(["--from-text", str(src), "--data-dir", str(out)])
+    assert json.load(open(out / MARKER))["complete"] is False
+    with pytest.raises(DatasetError, match=r"unfinished build.*--from-text"):
+        list_parquet_files("val", out)
+    (src / "rows.jsonl").write_text('{"text": "ok"}\n')
+    dataset.main(["--from-text", str(src), "--data-dir", str(out)])
+    assert sum(map(len, _texts(out).values())) == len(docs) - 11
     with pytest.raises(SystemExit, match="not a .txt, .md or .jsonl"):
         dataset.main(["--from-text", str(src / "sub" / "ignored.csv"), "--data-dir", str(out)])
