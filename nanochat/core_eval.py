@@ -63,7 +63,7 @@ def download_eval_bundle(dest_dir=None, url=EVAL_BUNDLE_URL, timeout=60):
                             f.write(chunk)
                 except requests.RequestException as e:
                     raise ConnectionError(f"could not download the CORE eval bundle from {url}: {e}. "
-                                       "Download it elsewhere and pass --eval-bundle PATH") from e
+                                          "Download it elsewhere and pass --eval-bundle PATH") from e
             try:
                 with zipfile.ZipFile(archive) as z:
                     z.extractall(unpack)
