@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from nanochat import checkpoint
 from nanochat.connections.diagnostics import model_hc_params

@@ -30,7 +30,6 @@ the streams keep X's dtype; pre and post mixes accumulate in fp32 and round once
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
