@@ -90,14 +90,18 @@ class BestFitLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         self.B, self.T, self.split = B, T, split
-        self.rank, self.world_size, self.buffer_size = rank, world_size, buffer_size
+        self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         self.tokenizer, self.bos = tokenizer, tokenizer.get_bos_token_id()
         self.paths = list_parquet_files(split, data_dir)
         self.files = [os.path.basename(p) for p in self.paths]
         # This rank's row groups in reading order, as (file index, row group index).
-        self.plan = [(f, rg) for f, path in enumerate(self.paths)
-                     for rg in range(rank, pq.ParquetFile(path).metadata.num_row_groups, world_size)]
+        metas = [pq.ParquetFile(path).metadata for path in self.paths]
+        self.plan = [(f, rg) for f, meta in enumerate(metas) for rg in range(rank, meta.num_row_groups, world_size)]
+        # A split smaller than the buffer (a local val shard) would otherwise be cycled
+        # through several epochs just to fill it: hold at most one epoch of this rank's share.
+        epoch_docs = sum(metas[f].row_group(rg).num_rows for f, rg in self.plan)
+        self.buffer_size = max(1, min(buffer_size, epoch_docs))
         if not self.plan:
             total = sum(pq.ParquetFile(p).metadata.num_row_groups for p in self.paths)
             raise DatasetError(f"rank {rank} of {world_size} has nothing to read: the {split} split has "

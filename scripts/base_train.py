@@ -16,6 +16,7 @@ import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
+import atexit  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
@@ -172,7 +173,7 @@ def main(argv=None):
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader
-    from nanochat.dataset import check_enough_data
+    from nanochat.dataset import DatasetError, check_enough_data
     from nanochat.optim import build_optimizer
     from nanochat.tokenizer import get_token_bytes, get_tokenizer
 
@@ -241,8 +242,10 @@ def main(argv=None):
            f"{weight_decay:.4g} (= {args.weight_decay} x (12/{args.depth})^2, as nanochat scales it)")
     print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}")
 
-    if master:
+    try:  # on every rank (it reads metadata only), so that all of them stop together
         check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
+    except DatasetError as e:
+        raise SystemExit(f"error: {e}") from None
     core_bundle = None
     if args.core_metric_every > 0:  # check the bundle and the task list now, not at step 2000
         from nanochat.core_eval import resolve_eval_bundle, select_tasks
@@ -269,6 +272,9 @@ def main(argv=None):
     data_dir = args.data_dir or None
     train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
                                  world_size=info.world_size, data_dir=data_dir, state=loader_state)
+    # Stop the prefetch thread on every way out (errors included): a thread still inside the
+    # tokenizer while the interpreter shuts down aborts the process.
+    atexit.register(train_loader.close)
 
     metrics_path = os.path.join(run_dir, "metrics.jsonl") if master else None
     if master:
@@ -289,6 +295,9 @@ def main(argv=None):
         return last or (every > 0 and step > 0 and step % every == 0)
 
     def save(step):
+        if not all(torch.isfinite(p).all() for p in orig_model.parameters()):
+            raise SystemExit(f"error: non-finite parameters at step {step}; not saving them. The last good "
+                             f"checkpoint is step {ckpt.latest_step(run_dir)} in {run_dir}.")
         meta = None
         rank_state = {"dataloader": train_loader.state_dict(), "rng": ckpt.encode_rng_state()}
         ranks = gather_objects(rank_state, info)
@@ -306,10 +315,9 @@ def main(argv=None):
 
     def evaluate_val_bpb():
         from nanochat.loss_eval import evaluate_bpb
-        val_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "val", device=device, rank=info.rank,
-                                   world_size=info.world_size, data_dir=data_dir)
-        model.eval()
-        with autocast:
+        with BestFitLoader(tokenizer, args.device_batch_size, T, "val", device=device, rank=info.rank,
+                           world_size=info.world_size, data_dir=data_dir) as val_loader, autocast:
+            model.eval()
             bpb = evaluate_bpb(model, val_loader, eval_steps, token_bytes)
         model.train()
         return bpb
@@ -320,7 +328,7 @@ def main(argv=None):
         max_per_task = args.core_metric_max_per_task
         with autocast:
             out = run_core(orig_model, tokenizer, device, core_bundle, max_per_task=max_per_task,
-                           tasks=args.core_tasks)
+                           tasks=args.core_tasks, max_seq_len=orig_model.rotary_len)
         orig_model.train()
         return out
 
@@ -334,9 +342,10 @@ def main(argv=None):
                 print0(f"  {prompt!r} -> {tokenizer.decode(out)!r}")
         orig_model.train()
 
-    def hc_stats(step):
+    def hc_stats():
         from nanochat.connections.diagnostics import collect_hc_stats
-        x, _ = next(iter(BestFitLoader(tokenizer, 1, T, "val", device=device, data_dir=data_dir)))
+        with BestFitLoader(tokenizer, 1, T, "val", device=device, data_dir=data_dir) as val_loader:
+            x, _ = next(val_loader)
         orig_model.eval()
         with autocast:
             stats = collect_hc_stats(orig_model, x)
@@ -365,7 +374,7 @@ def main(argv=None):
         if master and args.sample_every > 0 and due(args.sample_every, step, last):
             print_samples()
         if args.hc_stats_every > 0 and config.hc != "residual" and due(args.hc_stats_every, step, last) and master:
-            stats = hc_stats(step)
+            stats = hc_stats()
             log.log("hc", step, **stats)
         if last:
             break

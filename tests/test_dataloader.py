@@ -180,3 +180,12 @@ def test_errors_name_the_problem(tok, small_corpus_dir, tmp_path):
         BestFitLoader(tok, data_dir=small_corpus_dir, state=dict(state, files=state["files"][:-1]), **SMALL)
     with pytest.raises(RuntimeError, match="closed"):
         next(loader)
+
+
+def test_small_split_is_not_cycled_to_fill_the_buffer(tok, small_corpus_dir):
+    docs = sum(len(b) for b in parquets_iter_batched("val", data_dir=small_corpus_dir))
+    with build_val_loader(tok, 1, 16, data_dir=small_corpus_dir) as loader:
+        assert loader.buffer_size == docs < 1000
+        next(loader)
+        assert loader.epoch == 1
+        assert loader.state_dict()["cursor"][0] == 1  # nothing of epoch 2 was read yet

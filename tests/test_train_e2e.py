@@ -1,0 +1,219 @@
+"""Training through the real CLI: every variant, torchrun with 2 gloo ranks, exact resume
+after SIGKILL, a kill in the middle of a checkpoint write, non-finite losses, bad flags."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nanochat import checkpoint as ckpt
+from nanochat.dataset import write_corpus
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = ["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
+        "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "512",
+        "--eval-every", "-1", "--eval-tokens", "512", "--core-metric-every", "-1", "--sample-every", "-1",
+        "--hc-stats-every", "-1", "--device-type", "cpu"]
+
+
+def make_base(tmp_path, corpus_dir, tokenizer_dir):
+    base = tmp_path / "base"
+    base.mkdir()
+    shutil.copytree(corpus_dir, base / "base_data")
+    shutil.copytree(tokenizer_dir, base / "tokenizer")
+    return str(base)
+
+
+def env_for(base):
+    env = dict(os.environ, NANOCHAT_BASE_DIR=base, OMP_NUM_THREADS="1", WANDB_MODE="disabled",
+               NANOCHAT_DTYPE="float32", PYTHONPATH=REPO)
+    env.pop("RANK", None)
+    return env
+
+
+def train(base, *args, check=True, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", "scripts.base_train", *TINY, *args], cwd=REPO, env=env_for(base),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"base_train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def train_records(base, tag):
+    with open(os.path.join(base, "runs", tag, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == "train"]
+
+
+def final_state(base, tag):
+    run = os.path.join(base, "runs", tag)
+    return ckpt.load_model_state(run, ckpt.latest_step(run), "cpu")
+
+
+@pytest.fixture
+def base(tmp_path, small_corpus_dir, tokenizer_dir):
+    return make_base(tmp_path, small_corpus_dir, tokenizer_dir)
+
+
+@pytest.mark.parametrize("variant", ["residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc"])
+def test_every_variant_trains_and_writes_its_run(base, variant):
+    train(base, "--hc", variant, "--num-iterations", "3", "--model-tag", variant,
+          "--eval-every", "3", "--hc-stats-every", "3")
+    run = os.path.join(base, "runs", variant)
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["complete"] and summary["step"] == 3 and summary["hc"] == variant
+    assert summary["hc_streams"] == (1 if variant == "residual" else 4)
+    assert summary["val_bpb"] > 0 and summary["params"]["hc"] > 0
+    records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [0, 1, 2]
+    assert all(r["grad_norm"] > 0 and r["hc_grad_norm"] is not None for r in records if r["kind"] == "train")
+    assert any(r["kind"] == "val" for r in records)
+    if variant != "residual":
+        hc = [r for r in records if r["kind"] == "hc"]
+        assert hc and hc[-1]["n"] == 4 and "composite_col_mae" in hc[-1]
+    assert ckpt.latest_step(run) == 3
+    config = open(os.path.join(run, "config.toml")).read()
+    assert f'hc = "{variant}"' in config
+
+
+def test_exact_resume_after_sigkill(base):
+    args = ["--hc", "kromhc", "--num-iterations", "8", "--save-every", "2"]
+    train(base, *args, "--model-tag", "straight")
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.base_train", *TINY, *args, "--model-tag", "killed"],
+                            cwd=REPO, env=env_for(base), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = os.path.join(base, "runs", "killed")
+    deadline = time.time() + 240
+    while time.time() < deadline and (ckpt.latest_step(run) or 0) < 4 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = ckpt.latest_step(run)
+    assert killed_at is not None and 4 <= killed_at < 8, f"the kill came too late (latest {killed_at})"
+    train(base, *args, "--model-tag", "killed", "--resume", "true")
+    straight, resumed = train_records(base, "straight"), train_records(base, "killed")
+    assert [r["step"] for r in resumed] == list(range(8))
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]  # bitwise
+    a, b = final_state(base, "straight"), final_state(base, "killed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_a_changed_config(base):
+    train(base, "--num-iterations", "2", "--model-tag", "r")
+    proc = train(base, "--num-iterations", "2", "--model-tag", "r", "--resume", "true", "--hc", "mhc", check=False)
+    assert proc.returncode != 0 and "changed settings" in proc.stderr and "Traceback" not in proc.stderr
+    proc = train(base, "--num-iterations", "2", "--model-tag", "r", check=False)
+    assert proc.returncode != 0 and "--resume" in proc.stderr
+
+
+KILL_MID_SAVE = """
+import os, sys
+from nanochat import checkpoint
+from scripts import base_train
+real = checkpoint.atomic_write
+def dying_write(path, data):
+    if os.path.basename(path) == "model_000004.pt":
+        with open(path + ".tmp.partial", "wb") as f:   # half a file on disk, then the power goes
+            f.write(data[: len(data) // 2])
+        os.kill(os.getpid(), 9)
+    return real(path, data)
+checkpoint.atomic_write = dying_write
+base_train.main(sys.argv[1:])
+"""
+
+
+def test_kill_during_checkpoint_write_keeps_previous_checkpoint(base):
+    args = [*TINY, "--num-iterations", "6", "--save-every", "2", "--model-tag", "torn"]
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_SAVE, *args], cwd=REPO, env=env_for(base),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    run = os.path.join(base, "runs", "torn")
+    assert ckpt.latest_step(run) == 2
+    model, meta = ckpt.load_model(run)
+    assert meta["step"] == 2
+    train(base, "--num-iterations", "6", "--save-every", "2", "--model-tag", "torn", "--resume", "true")
+    assert ckpt.latest_step(run) == 6
+    assert [r["step"] for r in train_records(base, "torn")] == list(range(6))
+
+
+NAN_AT_STEP_3 = """
+import sys
+import torch
+from nanochat import gpt
+from scripts import base_train
+real_forward, calls = gpt.GPT.forward, [0]
+def forward(self, idx, targets=None, **kw):
+    out = real_forward(self, idx, targets, **kw)
+    if targets is not None and self.training:
+        calls[0] += 1
+        if calls[0] == 7:   # the 7th training micro-batch: step 3 (two micro-batches per step)
+            out = out * float("nan")
+    return out
+gpt.GPT.forward = forward
+base_train.main(sys.argv[1:])
+"""
+
+
+def test_non_finite_loss_stops_and_names_the_step(base):
+    args = [*TINY, "--num-iterations", "6", "--save-every", "2", "--model-tag", "nan"]
+    proc = subprocess.run([sys.executable, "-c", NAN_AT_STEP_3, *args], cwd=REPO, env=env_for(base),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "non-finite training loss" in proc.stderr and "at step 3" in proc.stderr
+    assert "last good checkpoint is step 2" in proc.stderr
+    run = os.path.join(base, "runs", "nan")
+    model, meta = ckpt.load_model(run)
+    assert meta["step"] == 2 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_finite_parameters_are_never_saved(base):
+    proc = train(base, "--num-iterations", "4", "--save-every", "1", "--embedding-lr", "inf",
+                 "--model-tag", "inf", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "non-finite parameters at step 1" in proc.stderr
+    assert ckpt.latest_step(os.path.join(base, "runs", "inf")) is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--total-batch-size", "1000"], "--total-batch-size"),
+    (["--hc", "kromhc", "--hc-streams", "7"], "7"),
+    (["--hc", "mhc_lite", "--hc-streams", "8"], "mhc_lite"),
+    (["--window-pattern", "SXL"], "window_pattern"),
+    (["--depth", "two"], "invalid int value"),
+])
+def test_bad_flags_give_one_clear_error(base, flags, message):
+    proc = train(base, "--num-iterations", "1", *flags, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_torchrun_two_ranks_matches_one_process(tmp_path, tokenizer_dir):
+    """Every document identical, so every row of every batch is identical: 2 ranks x 1
+    micro-batch and 1 process x 2 micro-batches then see the same data, and the sharded
+    optimizer on gloo must reproduce the single-process trajectory up to summation order."""
+    doc = ("The stream connections mix n copies of the residual state with a doubly stochastic "
+           "matrix, so the mean of the streams is preserved through depth. ") * 3
+    data = tmp_path / "same_docs"
+    write_corpus([doc] * 400, str(data), {"source": "test"}, rows_per_group=16, shard_chars=60_000)
+    base = make_base(tmp_path, str(data), tokenizer_dir)
+    args = ["--hc", "kromhc", "--num-iterations", "4", "--total-batch-size", "512", "--device-batch-size", "4"]
+    train(base, *args, "--model-tag", "single")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run([*torchrun, "-m", "scripts.base_train", *TINY, *args, "--model-tag", "double"],
+                          cwd=REPO, env=env_for(base), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    single, double = train_records(base, "single"), train_records(base, "double")
+    assert len(single) == len(double) == 4
+    for s, d in zip(single, double):
+        assert d["loss"] == pytest.approx(s["loss"], rel=1e-5, abs=1e-5)
+    meta = ckpt.load_meta(os.path.join(base, "runs", "double"), 4)
+    assert meta["world_size"] == 2 and len(meta["ranks"]) == 2
+    a, b = final_state(base, "single"), final_state(base, "double")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5), k
