@@ -1,0 +1,352 @@
+"""Benchmark of the connection path: step time, tokens/s and activation memory of every
+connection variant, with ratios to `residual` and to `mhc` measured in the same run.
+
+Two benchmarks, forward + backward each (no optimizer step):
+  layer  one connection layer in isolation on streams X of shape (B, T, n, C) around a
+         cheap fixed branch F, so that the connection's own cost dominates:
+           --branch linear  F(u) = u @ M, a frozen C x C matrix (the default)
+           --branch scale   F(u) = u / 2 (no branch cost at all)
+         The layer is sub-layer 0 (attention slot), so `residual` includes its
+         l_resid / l_x0 re-mix with x0.
+  model  the whole GPT (--depth, --width or --aspect-ratio, --head-dim, --seq-len,
+         --batch, --vocab-size) on random tokens: loss, then backward.
+
+Timing: --warmup untimed steps per variant, then --reps timed steps, interleaved across
+variants (each repetition times every variant once, in rotating order) so that load
+changes on a shared machine hit all variants alike. Reported: the median, min, max and
+the inter-quartile spread (IQR / median). tokens/s = B * T / median step time.
+
+Memory, measured in one extra step after the timing:
+  saved   bytes of the tensors autograd keeps for backward, counted exactly with
+          torch.autograd.graph.saved_tensors_hooks (distinct storages; parameters and
+          buffers excluded; inputs of a non-reentrant checkpoint are held outside the
+          hooks and are not counted, but X, the only one here, is saved by the mixes
+          anyway). Device-independent: the number that activation memory scales with.
+  peak    CUDA only: torch.cuda.max_memory_allocated over one step minus what was
+          allocated before it (activations, gradients, workspaces).
+
+On this CPU (eager fp32, one thread by default):
+  python -m scripts.bench --bench model --depth 4 --head-dim 64 --seq-len 256 --batch 4 --vocab-size 4096
+  python -m scripts.bench --bench layer --width 384 --seq-len 512 --batch 4
+On a GPU (bf16 autocast by default on CUDA):
+  python -m scripts.bench --device cuda --compile --depth 12 --seq-len 2048 --batch 16 --out bench_d12.json
+  python -m scripts.bench --device cuda --compile --depth 12 --seq-len 2048 --batch 16 --recompute both
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+from nanochat import connections
+from nanochat.common import synchronize
+from nanochat.gpt import GPTConfig, build_model
+
+VARIANTS = ("residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="V",
+                   help=f"variants to compare (default: all: {' '.join(VARIANTS)})")
+    p.add_argument("--streams", type=int, default=4, help="n for the hyper-connection variants (default 4)")
+    p.add_argument("--factors", type=int, nargs="*", default=[], help="kromhc factors (default: prime factors of n)")
+    p.add_argument("--sk-iters", type=int, default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
+    p.add_argument("--recompute", choices=("off", "on", "both"), default="off",
+                   help="hc_recompute for the HC variants; 'both' benches each variant with and without")
+    p.add_argument("--bench", choices=("layer", "model", "both"), default="both")
+    p.add_argument("--branch", choices=("linear", "scale"), default="linear", help="the layer benchmark's F")
+    p.add_argument("--batch", type=int, default=4, help="B, sequences per step (default 4)")
+    p.add_argument("--seq-len", type=int, default=256, help="T (default 256)")
+    p.add_argument("--width", type=int, default=0, help="C; default: depth * aspect ratio rounded up to the head dim")
+    p.add_argument("--depth", type=int, default=4, help="model depth (transformer blocks; default 4)")
+    p.add_argument("--aspect-ratio", type=int, default=64, help="width = depth * aspect ratio (default 64, nanochat)")
+    p.add_argument("--head-dim", type=int, default=64, help="attention head dim (default 64; nanochat uses 128)")
+    p.add_argument("--vocab-size", type=int, default=4096, help="model vocabulary (default 4096)")
+    p.add_argument("--window-pattern", default="SSSL")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="compute dtype: auto = bf16 (autocast) on CUDA, fp32 on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile (dynamic=False) the layer / model")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads (default 1: steadier CPU timings on a shared machine)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (default 3)")
+    p.add_argument("--reps", type=int, default=10, help="timed steps per variant (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="", help="write the results as JSON to this path")
+    args = p.parse_args(argv)
+    for name in ("streams", "batch", "seq_len", "depth", "reps", "threads", "vocab_size", "head_dim"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if args.width and args.width % args.head_dim:
+        p.error(f"--width {args.width} is not a multiple of --head-dim {args.head_dim}")
+    return args
+
+
+# ----- building what is timed -----
+
+def model_width(args):
+    if args.width:
+        return args.width
+    return math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
+
+
+def make_config(args, variant, recompute, n_layer):
+    C = model_width(args)
+    hc = variant != "residual"
+    try:
+        return GPTConfig(sequence_len=args.seq_len, vocab_size=args.vocab_size, n_layer=n_layer,
+                         n_head=C // args.head_dim, n_kv_head=C // args.head_dim, n_embd=C,
+                         window_pattern=args.window_pattern, hc=variant, hc_streams=args.streams if hc else 0,
+                         hc_factors=list(args.factors) if variant == "kromhc" else [],
+                         hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+class LayerUnderTest(nn.Module):
+    """One connection layer around the fixed branch; forward(X, x0) -> X_next."""
+
+    def __init__(self, layer, C, branch):
+        super().__init__()
+        self.layer = layer
+        if branch == "linear":
+            self.branch = nn.Linear(C, C, bias=False)
+            nn.init.normal_(self.branch.weight, std=C ** -0.5)
+            self.branch.weight.requires_grad_(False)
+        else:
+            self.branch = lambda u: 0.5 * u
+
+    def forward(self, X, x0):
+        return self.layer(X, self.branch, x0)
+
+
+def layer_case(args, variant, recompute, device, dtype, autocast):
+    """dict(module, step, forward, tokens, n) for one layer on random streams."""
+    cfg = make_config(args, variant, recompute, n_layer=1)
+    conn = connections.build(cfg)
+    conn.to(device)
+    conn.init_weights()
+    C, B, T, n = cfg.n_embd, args.batch, args.seq_len, cfg.hc_streams
+    module = LayerUnderTest(conn.layers[0], C, args.branch).to(device)
+    g = torch.Generator(device=device).manual_seed(args.seed)
+    x0 = torch.randn(B, T, C, device=device, generator=g).to(dtype)
+    X = (x0.unsqueeze(-2) + 0.1 * torch.randn(B, T, n, C, device=device, generator=g).to(dtype)).requires_grad_()
+    grad_out = torch.randn(B, T, n, C, device=device, generator=g).to(dtype)
+    run = torch.compile(module, dynamic=False) if args.compile else module
+
+    def forward():
+        with autocast:
+            return run(X, x0)
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        X.grad = None
+        forward().backward(grad_out)
+
+    return dict(module=module, step=step, forward=forward, tokens=B * T, n=n)
+
+
+def model_case(args, variant, recompute, device, dtype, autocast):
+    cfg = make_config(args, variant, recompute, n_layer=args.depth)
+    torch.manual_seed(args.seed)
+    model = build_model(cfg, device)
+    g = torch.Generator(device=device).manual_seed(args.seed)
+    idx = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)
+    targets = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)
+    run = torch.compile(model, dynamic=False) if args.compile else model
+
+    def forward():
+        with autocast:
+            return run(idx, targets)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        forward().backward()
+
+    return dict(module=model, step=step, forward=forward, tokens=args.batch * args.seq_len, n=cfg.hc_streams)
+
+
+# ----- measuring -----
+
+def time_interleaved(cases, warmup, reps, device):
+    """{label: [seconds per step]}: each repetition runs every case once, starting from a
+    different case each time."""
+    for case in cases.values():
+        for _ in range(warmup):
+            case["step"]()
+    times = {label: [] for label in cases}
+    labels = list(cases)
+    for r in range(reps):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            synchronize(device)
+            t0 = time.perf_counter()
+            cases[label]["step"]()
+            synchronize(device)
+            times[label].append(time.perf_counter() - t0)
+    return times
+
+
+def saved_tensor_bytes(module, forward):
+    """Bytes of distinct storages autograd saves for backward during one forward,
+    parameters and buffers excluded."""
+    state = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in state:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return sum(seen.values())
+
+
+def peak_step_mib(module, step, device):
+    if device.type != "cuda":
+        return None
+    module.zero_grad(set_to_none=True)
+    synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def summarize(seconds, tokens):
+    ms = sorted(1e3 * s for s in seconds)
+    median = statistics.median(ms)
+    q1, q3 = (statistics.quantiles(ms, n=4)[i] for i in (0, 2)) if len(ms) > 1 else (ms[0], ms[0])
+    return {"times_ms": ms, "median_ms": median, "min_ms": ms[0], "max_ms": ms[-1],
+            "spread_pct": 100 * (q3 - q1) / median, "tokens_per_s": tokens / (median / 1e3)}
+
+
+def add_ratios(rows):
+    """time_vs_residual / time_vs_mhc: median step time over that of `residual` (same
+    benchmark) and of `mhc` (same benchmark and recompute setting); None when absent."""
+    for row in rows:
+        peers = [r for r in rows if r["bench"] == row["bench"]]
+        base = next((r for r in peers if r["variant"] == "residual"), None)
+        mhc = next((r for r in peers if r["variant"] == "mhc" and r["recompute"] == row["recompute"]), None)
+        row["time_vs_residual"] = row["median_ms"] / base["median_ms"] if base else None
+        row["time_vs_mhc"] = row["median_ms"] / mhc["median_ms"] if mhc else None
+        if row["bench"] == "model":
+            # What each connection layer adds to activation memory over the baseline.
+            row["extra_saved_bytes_per_layer"] = ((row["saved_bytes"] - base["saved_bytes"]) / row["hc_layers"]
+                                                  if base else None)
+    return rows
+
+
+def run_bench(args, bench, device, dtype, autocast):
+    build = layer_case if bench == "layer" else model_case
+    settings = [False, True] if args.recompute == "both" else [args.recompute == "on"]
+    cases = {}
+    for variant in args.variants:
+        for recompute in settings if variant != "residual" else [False]:
+            label = variant + (" +recompute" if recompute else "")
+            cases[label] = dict(variant=variant, recompute=recompute,
+                                **build(args, variant, recompute, device, dtype, autocast))
+    times = time_interleaved(cases, args.warmup, args.reps, device)
+    rows = []
+    for label, case in cases.items():
+        rows.append({"bench": bench, "label": label, "variant": case["variant"], "recompute": case["recompute"],
+                     "n": case["n"], "hc_layers": 2 * args.depth if bench == "model" else 1,
+                     **summarize(times[label], case["tokens"]),
+                     "saved_bytes": saved_tensor_bytes(case["module"], case["forward"]),
+                     "peak_step_mib": peak_step_mib(case["module"], case["step"], device)})
+    for row in rows:
+        row["saved_bytes_per_token"] = row["saved_bytes"] / cases[row["label"]]["tokens"]
+    return add_ratios(rows)
+
+
+# ----- output -----
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows, bench, args):
+    C = model_width(args)
+    if bench == "layer":
+        branch = "F(u) = u @ M (frozen C x C)" if args.branch == "linear" else "F(u) = u / 2"
+        title = f"one connection layer, B={args.batch} T={args.seq_len} C={C}, {branch}"
+        mem_head = "saved MiB"
+    else:
+        title = f"whole model, depth {args.depth} C={C} head_dim={args.head_dim} T={args.seq_len} B={args.batch} " \
+                f"vocab={args.vocab_size}"
+        mem_head = "saved MiB (extra/HC layer)"
+    header = ["variant", "n", "median ms", "spread", "min-max ms", "tok/s", "x residual", "x mhc", mem_head, "peak MiB"]
+    lines = []
+    for r in rows:
+        saved = f"{r['saved_bytes'] / 2**20:.2f}"
+        if bench == "model" and r["extra_saved_bytes_per_layer"] is not None:
+            saved += f" ({r['extra_saved_bytes_per_layer'] / 2**20:+.2f})"
+        lines.append([r["label"], str(r["n"]), f"{r['median_ms']:.2f}", f"{r['spread_pct']:.1f}%",
+                      f"{r['min_ms']:.1f}-{r['max_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                      fmt(r["time_vs_residual"], ".3f"), fmt(r["time_vs_mhc"], ".3f"), saved,
+                      fmt(r["peak_step_mib"], ".1f")])
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+    row_text = lambda x: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths)))
+    print(f"\n{title}")
+    print(row_text(header))
+    print(row_text(["-" * w for w in widths]))
+    for line in lines:
+        print(row_text(line))
+
+
+def resolve_device(args):
+    name = args.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA device is visible; use --device cpu")
+    device = torch.device(name)
+    dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if name == "cuda" else torch.float32)
+    if name == "cuda":
+        torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high")
+    return device, dtype
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device, dtype = resolve_device(args)
+    autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    benches = ["layer", "model"] if args.bench == "both" else [args.bench]
+    results = []
+    for bench in benches:
+        rows = run_bench(args, bench, device, dtype, autocast)
+        print_table(rows, bench, args)
+        results += rows
+    print(f"\n{device.type} {str(dtype).replace('torch.', '')}, {'compiled' if args.compile else 'eager'}, "
+          f"{args.threads} thread(s), {args.reps} reps after {args.warmup} warm-up; spread = IQR / median")
+    if args.out:
+        env = {"torch": torch.__version__, "device": device.type, "dtype": str(dtype).replace("torch.", ""),
+               "compile": args.compile, "threads": args.threads, "platform": platform.platform(),
+               "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()}
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "env": env, "width": model_width(args), "results": results}, f, indent=1)
+        print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
