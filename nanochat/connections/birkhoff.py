@@ -27,11 +27,50 @@ def sinkhorn_log(logits, iters):
     of row normalization then column normalization. The last step normalizes columns, so
     column sums are 1 to rounding; row sums carry the remaining Sinkhorn error (tiny for
     moderate logits, larger when a row's logits spread widely)."""
-    log_h = logits
-    for _ in range(iters):
-        log_h = log_h - torch.logsumexp(log_h, dim=-1, keepdim=True)
-        log_h = log_h - torch.logsumexp(log_h, dim=-2, keepdim=True)
-    return log_h.exp()
+    return SinkhornLog.apply(logits, iters)
+
+
+def tokens_last(t):
+    """(..., n, n) -> (n, n, N) contiguous: the reductions over n then run across long
+    contiguous rows of tokens (on CPU ~3x faster than reducing 4 adjacent numbers)."""
+    return t.reshape(-1, *t.shape[-2:]).permute(1, 2, 0).contiguous()
+
+
+def tokens_first(t, shape):
+    return t.permute(2, 0, 1).contiguous().view(shape)
+
+
+def sinkhorn_steps(log_h, iters):
+    """The 2 * iters log-space iterates of a tokens-last (n, n, N) tensor: even steps
+    normalize rows (dim 1), odd steps columns (dim 0)."""
+    out = []
+    for step in range(2 * iters):
+        log_h = log_h - torch.logsumexp(log_h, dim=1 - step % 2, keepdim=True)
+        out.append(log_h)
+    return out
+
+
+class SinkhornLog(torch.autograd.Function):
+    """Sinkhorn-Knopp that keeps only its logits for backward and recomputes the iterates
+    there (autograd would keep ~2 tensors per half-step: 80 n x n matrices per token at 20
+    iterations, more than X itself at small C). The gradient is the exact one of the unrolled iteration: a
+    step l -> l - logsumexp(l) maps g to g - softmax(l) * sum(g), and softmax(l) is the
+    exp of the step's own output."""
+
+    @staticmethod
+    def forward(ctx, logits, iters):
+        ctx.iters = iters
+        ctx.save_for_backward(logits)
+        return tokens_first(sinkhorn_steps(tokens_last(logits), iters)[-1].exp(), logits.shape)
+
+    @staticmethod
+    def backward(ctx, g_h):
+        logits, = ctx.saved_tensors
+        steps = sinkhorn_steps(tokens_last(logits), ctx.iters)
+        g = tokens_last(g_h) * steps[-1].exp()
+        for step in reversed(range(2 * ctx.iters)):
+            g = g - steps[step].exp() * g.sum(dim=1 - step % 2, keepdim=True)
+        return tokens_first(g, logits.shape), None
 
 
 def kron(a, b):

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanochat.connections.diagnostics import record_layer
+from nanochat.connections.ops import mix_post, mix_pre, project
 
 DEFAULT_STREAMS = 4
 ALPHA_INIT = 0.01
@@ -81,12 +82,11 @@ class HyperConnection(nn.Module):
 
     def logits(self, X):
         """a * (x' W) + b for all 2n + R columns: (B, T, k) fp32. Call with autocast off."""
-        x = X.flatten(-2).float()
         w = self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
-        z = (x @ w) * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + RMS_EPS)
+        xw, ss = project(X.flatten(-2), w)
         sizes = (self.n, self.n, *self.res_groups)
         scale = torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
-        return z * scale + self.bias
+        return torch.addcmul(self.bias, xw * torch.rsqrt(ss + RMS_EPS), scale)
 
     def coefficients(self, X):
         """(h_pre (B,T,n), h_post (B,T,n), h_res (B,T,n,n)), fp32, H-convention."""
@@ -104,24 +104,12 @@ class HyperConnection(nn.Module):
             h_pre, h_post, h_res = self.coefficients(X)
         if self.capture is not None:
             record_layer(self.capture, X, h_pre, h_post, h_res)
-        y = branch(mix_pre(h_pre, X).to(X.dtype))
-        return (self.mix_res(h_res, X) + h_post[..., None] * y[..., None, :]).to(X.dtype)
+        y = branch(mix_pre(h_pre, X))
+        return mix_post(self.mix_matrix(h_res), X, h_post, y)
 
-    def mix_res(self, h_res, X):
-        """H_res @ X per token as n broadcast multiply-adds over source streams (fp32)."""
-        out = h_res[..., :, 0, None] * X[..., 0, None, :]
-        for s in range(1, self.n):
-            out = out + h_res[..., :, s, None] * X[..., s, None, :]
-        return out
-
-
-def mix_pre(h_pre, X):
-    """H_pre @ X per token: (B, T, n) x (B, T, n, C) -> (B, T, C) in fp32, one stream at a time
-    so that no (B, T, n, C) temporary is formed."""
-    out = h_pre[..., 0, None] * X[..., 0, :]
-    for s in range(1, X.shape[-2]):
-        out = out + h_pre[..., s, None] * X[..., s, :]
-    return out
+    def mix_matrix(self, h_res):
+        """The H_res the post mix applies; None stands for the identity (no matmul)."""
+        return h_res
 
 
 class HCLayer(HyperConnection):
@@ -145,8 +133,8 @@ class HCIdentityLayer(HyperConnection):
         eye = torch.eye(self.n, device=res_logits.device, dtype=res_logits.dtype)
         return eye.expand(*res_logits.shape[:-1], self.n, self.n)
 
-    def mix_res(self, h_res, X):
-        return X
+    def mix_matrix(self, h_res):
+        return None
 
 
 def resolve_streams(cfg, max_streams=None):

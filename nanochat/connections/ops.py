@@ -1,0 +1,123 @@
+"""The memory-bound work of a hyper-connection layer, as autograd Functions with written-out
+backward passes: the projection of vec(X) together with its mean square, the pre mix
+H_pre @ X, and the post/res mix H_res @ X + H_post^T y.
+
+Why Functions rather than plain ops (measured with scripts/bench):
+- every Function saves the streams X in their own dtype and casts to fp32 on the fly, so
+  bf16 streams never leave an fp32 copy of X alive until backward (plain autograd keeps
+  the fp32 cast that the fp32 matmul consumed);
+- the mixes are batched matmuls over tokens, (n x n) @ (n x C), with fp32 accumulation:
+  one pass over X instead of n broadcast multiply-adds, whose per-stream slicing costs a
+  zero-filled full-size gradient per slice in backward;
+- the backward passes combine what autograd would do in several kernels.
+
+Every forward and backward runs with autocast off: the matmuls here must stay in fp32,
+which autocast would round to the compute dtype.
+
+Shapes: X (..., n, C); h_pre, h_post (..., n) fp32; h_res (..., n, n) fp32 or None for
+the identity; y (..., C). Gradients come back in each input's dtype.
+"""
+
+import torch
+
+
+def no_autocast(t):
+    return torch.autocast(t.device.type, enabled=False)
+
+
+class Project(torch.autograd.Function):
+    """(x (..., D), w (D, k) fp32) -> (x @ w, mean(x^2) (..., 1)), both fp32."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        with no_autocast(x):
+            xf = x.float()
+            ss = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square() / x.shape[-1]
+            return xf @ w, ss
+
+    @staticmethod
+    def backward(ctx, g_xw, g_ss):
+        x, w = ctx.saved_tensors
+        g_x = g_w = None
+        with no_autocast(x):
+            xf = x.float()
+            if ctx.needs_input_grad[0]:
+                g_x = g_xw @ w.t()
+                g_x.addcmul_(xf, g_ss, value=2.0 / x.shape[-1])
+                g_x = g_x.to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                g_w = xf.flatten(0, -2).t() @ g_xw.flatten(0, -2)
+        return g_x, g_w
+
+
+class MixPre(torch.autograd.Function):
+    """H_pre @ X per token: (..., n) x (..., n, C) -> (..., C), accumulated in fp32 and
+    returned in X's dtype (the branch input)."""
+
+    @staticmethod
+    def forward(ctx, h_pre, X):
+        ctx.save_for_backward(h_pre, X)
+        with no_autocast(X):
+            return (h_pre.unsqueeze(-2) @ X.float()).squeeze(-2).to(X.dtype)
+
+    @staticmethod
+    def backward(ctx, g_u):
+        h_pre, X = ctx.saved_tensors
+        g_h = g_X = None
+        with no_autocast(X):
+            g = g_u.float().unsqueeze(-2)  # (..., 1, C)
+            if ctx.needs_input_grad[0]:
+                g_h = (g @ X.float().transpose(-1, -2)).squeeze(-2)
+            if ctx.needs_input_grad[1]:
+                g_X = (h_pre.unsqueeze(-1) * g).to(X.dtype)
+        return g_h, g_X
+
+
+class MixPost(torch.autograd.Function):
+    """X_next = H_res @ X + H_post^T y per token, accumulated in fp32 and rounded once to
+    X's dtype. h_res None means the identity (hc_identity)."""
+
+    @staticmethod
+    def forward(ctx, h_res, X, h_post, y):
+        ctx.save_for_backward(h_res, X, h_post, y)
+        with no_autocast(X):
+            out = h_post.unsqueeze(-1) * y.float().unsqueeze(-2)  # (..., n, C) fp32
+            if h_res is None:
+                out += X
+            else:
+                # baddbmm wants 3-d operands: fold the token dims (free views of contiguous tensors).
+                out.view(-1, *out.shape[-2:]).baddbmm_(h_res.reshape(-1, *h_res.shape[-2:]),
+                                                       X.float().reshape(-1, *X.shape[-2:]))
+            return out.to(X.dtype)
+
+    @staticmethod
+    def backward(ctx, g_out):
+        h_res, X, h_post, y = ctx.saved_tensors
+        g_res = g_X = g_post = g_y = None
+        with no_autocast(X):
+            g = g_out.float()
+            if h_res is None:
+                g_X = g_out.to(X.dtype)
+            else:
+                if ctx.needs_input_grad[0]:
+                    g_res = g @ X.float().transpose(-1, -2)
+                if ctx.needs_input_grad[1]:
+                    g_X = (h_res.transpose(-1, -2) @ g).to(X.dtype)
+            if ctx.needs_input_grad[2]:
+                g_post = (g @ y.float().unsqueeze(-1)).squeeze(-1)
+            if ctx.needs_input_grad[3]:
+                g_y = (h_post.unsqueeze(-2) @ g).squeeze(-2).to(y.dtype)
+        return g_res, g_X, g_post, g_y
+
+
+def project(x, w):
+    return Project.apply(x, w)
+
+
+def mix_pre(h_pre, X):
+    return MixPre.apply(h_pre, X)
+
+
+def mix_post(h_res, X, h_post, y):
+    return MixPost.apply(h_res, X, h_post, y)
