@@ -88,22 +88,24 @@ class Run:
         return max(steps) if steps else None
 
     @property
+    def num_iterations(self):
+        """The planned steps: summary.json's, else an explicit --num-iterations (-1 means the
+        horizon came from a FLOPs or data budget, known only once training started)."""
+        steps = self._get("num_iterations")
+        return steps if steps is not None and steps > 0 else None
+
+    @property
     def status(self):
         if not self.found:
             return "not found"
         if self.complete:
             return "complete"
-        return f"incomplete (step {fmt(self.last_step, 'd')} of {fmt(self.config.get('num_iterations'), 'd')})"
+        return f"incomplete (step {fmt(self.last_step, 'd')} of {fmt(self.num_iterations, 'd')})"
 
 
 def parse_factors(value):
-    """hc_factors from TOML/JSON: a list, or a string such as "4,2" or "4x2"; None if unset."""
-    if value is None or value == "" or value == []:
-        return None
-    if isinstance(value, str):
-        parts = value.replace("x", ",").replace("*", ",").split(",")
-        return tuple(int(p) for p in parts if p.strip())
-    return tuple(int(v) for v in value)
+    """hc_factors as written to config.toml/summary.json (a list) as a tuple; None if unset."""
+    return tuple(int(v) for v in value) if value else None
 
 
 def read_metrics(path):
@@ -314,7 +316,7 @@ def runs_table(runs):
         factors = "x".join(map(str, r.factors)) if r.factors else MISSING
         alpha = ("shared" if r.alpha_shared else "per factor") if r.variant == "kromhc" else MISSING
         rows.append((r.name, method_label(r), fmt(r.depth, "d"), fmt(r.n, "d"), factors, alpha,
-                     f"{fmt(r.last_step, 'd')} / {fmt(r.config.get('num_iterations'), 'd')}",
+                     f"{fmt(r.last_step, 'd')} / {fmt(r.num_iterations, 'd')}",
                      r.status, r.summary.get("device", MISSING) if r.summary else MISSING))
     return md_table(("Run", "Method", "D", "n", "Factors", "alpha_res", "Steps", "Status", "Device"), rows)
 
@@ -328,7 +330,7 @@ def residual_reference(runs, depth):
 def main_table(runs, depth):
     """Table 3 layout for one depth: ours beside the paper's numbers."""
     ref = residual_reference(runs, depth)
-    notes, rows = [], []
+    notes, rows, core_from_training, core_partial = [], [], [], []
     for r in sorted((r for r in runs if r.depth == depth and is_main(r)), key=method_order):
         p = paper.MAIN.get(paper_key(r)) if paper_key(r) else None
         if r.variant == "residual":
@@ -344,11 +346,9 @@ def main_table(runs, depth):
                              "so its ΔParams is not the connection's cost alone.")
         core, source = core_score(r)
         if source and source != "core.json":
-            notes.append(f"{r.name}: CORE from {source} (the in-training evaluation, possibly sub-sampled), "
-                         "no core.json from scripts.base_eval.")
+            core_from_training.append(r.name)
         elif source and r.core.get("partial"):
-            notes.append(f"{r.name}: CORE averages only the {len(r.core.get('tasks', {}))} tasks the eval bundle "
-                         "held (core.json: partial), not all 22.")
+            core_partial.append(f"{r.name} ({len(r.core.get('tasks', {}))})")
         rows.append((
             method_label(r), r.name, r.status,
             delta, "--" if p and p.delta_params_k is None else fmt(p.delta_params_k if p else None, ".0f"),
@@ -365,6 +365,12 @@ def main_table(runs, depth):
         notes.insert(0, f"No complete residual run at D={depth}: ΔParams cannot be computed.")
     else:
         notes.insert(0, f"ΔParams = params.total of the run minus that of {ref.name} (summary.json).")
+    if core_from_training:
+        notes.append("CORE from the in-training evaluation (possibly sub-sampled; no core.json from "
+                     "scripts.base_eval): " + ", ".join(core_from_training) + ".")
+    if core_partial:
+        notes.append("CORE averages only the tasks the eval bundle held (core.json: partial; tasks in "
+                     "parentheses), not all 22: " + ", ".join(core_partial) + ".")
     if depth not in paper.PAPER_DEPTHS:
         notes.append(f"The paper reports D=6 and D=12 only: no paper numbers for D={depth} "
                      "(see 'The paper's numbers' below).")

@@ -1,0 +1,153 @@
+"""The experiment configs (configs/**.toml): flat TOML with known keys only, a header that
+names the paper table or figure each feeds, the paper's hyper-parameters, the runs the
+paper's tables need, and a CPU demo that covers every variant."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from nanochat import paper_results as paper
+from nanochat import report
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+GROUPS = ("paper", "n_scaling", "ablations", "cpu")
+
+# The config keys of the team contract (base_train flags with underscores).
+KNOWN_KEYS = {
+    "depth", "aspect_ratio", "head_dim", "max_seq_len", "window_pattern", "num_iterations",
+    "target_param_data_ratio", "device_batch_size", "total_batch_size", "embedding_lr", "unembedding_lr",
+    "matrix_lr", "weight_decay", "warmup_ratio", "warmdown_ratio", "final_lr_frac", "eval_every",
+    "eval_tokens", "core_metric_every", "core_metric_max_per_task", "sample_every", "save_every", "run",
+    "model_tag", "device_type", "hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters",
+    "hc_norm_weight", "hc_lr", "hc_stats_every", "hc_recompute", "seed", "vocab_size", "data_dir",
+}
+VARIANTS = {"residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc"}
+# A paper reference in a header: "Table 3 (tab:loss)", "Figures 5 and 8 (fig:...", or the
+# appendix section that has neither.
+CITATION = re.compile(r"(Tables?|Figures?) \d+[^()]*\((tab|fig):|Appendix \"Factorization Choices\"|"
+                      r"appendix \"Factorization Choices\"")
+
+
+def config_files(group=None):
+    """Every config file, or those of one group (a sub-directory of configs/), sorted."""
+    root = CONFIG_ROOT / group if group else CONFIG_ROOT
+    return sorted(root.rglob("*.toml"))
+
+
+def load(path):
+    return tomllib.loads(path.read_text())
+
+
+def header(path):
+    """The comment block at the top of the file, without the '#' marks."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines)
+
+
+def as_run(path):
+    return report.Run(name=path.stem, path=path, found=False, config=load(path))
+
+
+def test_every_group_has_configs():
+    for group in GROUPS:
+        assert config_files(group), f"configs/{group}/ is empty"
+    assert set(config_files()) == {p for g in GROUPS for p in config_files(g)}, "a config outside the groups"
+
+
+@pytest.mark.parametrize("path", config_files(), ids=lambda p: str(p.relative_to(CONFIG_ROOT)))
+def test_config_is_flat_known_and_cited(path):
+    config = load(path)
+    unknown = set(config) - KNOWN_KEYS
+    assert not unknown, f"unknown keys {sorted(unknown)}"
+    for key, value in config.items():
+        assert not isinstance(value, dict), f"{key} is a table; configs are flat"
+        if isinstance(value, list):
+            assert all(isinstance(v, int) for v in value), key
+    assert config["hc"] in VARIANTS
+    assert re.fullmatch(r"[a-z0-9_]+", config["model_tag"])
+    assert CITATION.search(header(path)), f"the header of {path.name} names no table or figure"
+
+
+def test_shared_model_tags_mean_identical_runs():
+    """One run may feed several tables under several configs; then the settings must agree,
+    or resuming the shared run directory would mix two experiments."""
+    by_tag = {}
+    for path in config_files():
+        by_tag.setdefault(load(path)["model_tag"], []).append(path)
+    for tag, paths in by_tag.items():
+        first = load(paths[0])
+        for other in paths[1:]:
+            assert load(other) == first, f"{paths[0].name} and {other.name} share model_tag {tag} but differ"
+
+
+@pytest.mark.parametrize("path", config_files("paper") + config_files("n_scaling") + config_files("ablations"),
+                         ids=lambda p: str(p.relative_to(CONFIG_ROOT)))
+def test_paper_hyperparameters(path):
+    """Tables 7-8 (tab:hyperparams, tab:scale_specific_hyperparams) and nanochat's SSSL windows."""
+    config = load(path)
+    for key in ("total_batch_size", "max_seq_len", "head_dim", "warmdown_ratio", "matrix_lr", "weight_decay", "hc_lr"):
+        assert config[key] == paper.HYPERPARAMS[key], key
+    scale = paper.SCALE_HYPERPARAMS[config["depth"]]
+    assert config["num_iterations"] == scale["num_iterations"]
+    assert config["depth"] * config["aspect_ratio"] == scale["model_dim"]
+    assert (config["warmup_ratio"], config["final_lr_frac"], config["window_pattern"]) == (0.0, 0.0, "SSSL")
+    # The paper prints nanochat's width-scaled AdamW LRs (0.424 -> "0.43" at D=6).
+    width_scale = (scale["model_dim"] / 768) ** -0.5
+    for key in ("embedding_lr", "unembedding_lr"):
+        assert abs(config[key] * width_scale / scale[key] - 1) < 0.02, key
+    # The total batch must split evenly into micro-batches on 1, 2, 4 or 8 GPUs.
+    for world in (1, 2, 4, 8):
+        assert config["total_batch_size"] % (config["device_batch_size"] * config["max_seq_len"] * world) == 0
+
+
+def test_d6_configs_document_the_weight_decay_choice():
+    for path in config_files("paper"):
+        if load(path)["depth"] == 6:
+            assert "(12/depth)^2" in header(path) or "(12/depth)^2" in path.read_text(), path.name
+            assert "0.8" in path.read_text(), path.name
+
+
+def test_paper_configs_match_the_paper_rows():
+    """Each paper config is a row of Tables 3-5 by the report's own matching (HC is our extra row)."""
+    keys = {report.paper_key(as_run(p)) for p in config_files("paper")}
+    assert keys - {None} == set(paper.MAIN)
+    assert {load(p)["hc"] for p in config_files("paper") if report.paper_key(as_run(p)) is None} == {"hc"}
+    tags = {load(p)["model_tag"] for p in config_files("paper")}
+    assert len(tags) == len(config_files("paper")) == 2 * len(paper.PAPER_METHODS + ("hc",))
+
+
+def test_n_scaling_and_ablation_configs():
+    scaling = {load(p)["hc_streams"]: as_run(p) for p in config_files("n_scaling")}
+    assert set(scaling) == set(paper.N_SCALING_DELTA_PARAMS_M)
+    for n, run in scaling.items():
+        assert run.variant == "kromhc" and run.depth == paper.N_SCALING_DEPTH and run.alpha_shared
+        assert run.factors == paper.N_SCALING_FACTORS[n]
+    ablations = [as_run(p) for p in config_files("ablations")]
+    factorizations = {r.factors for r in ablations if r.variant == "kromhc" and r.n == paper.FACTORIZATION_STREAMS}
+    assert factorizations == set(paper.FACTORIZATION_COMPARED)
+    alphas = {r.alpha_shared for r in ablations if r.variant == "kromhc" and r.n == paper.ALPHA_STREAMS}
+    assert alphas == {True, False}
+    assert {r.depth for r in ablations} == {paper.ALPHA_DEPTH}
+    assert any(r.variant == "hc_identity" for r in ablations)
+
+
+def test_cpu_demo_configs():
+    """Six tiny runs, one per variant, identical but for the connection settings and tag."""
+    configs = [load(p) for p in config_files("cpu")]
+    assert sorted(c["hc"] for c in configs) == sorted(VARIANTS)
+    conn_keys = {"hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters", "hc_norm_weight", "model_tag"}
+    shared = [{k: v for k, v in c.items() if k not in conn_keys} for c in configs]
+    assert all(s == shared[0] for s in shared), "cpu configs differ beyond the connection settings"
+    c = shared[0]
+    assert c["device_type"] == "cpu"
+    assert c["depth"] <= 4 and c["max_seq_len"] <= 256 and c["vocab_size"] <= 4096 and c["num_iterations"] <= 300
+    assert 32 <= c["head_dim"] <= 64
+    assert c["total_batch_size"] % (c["device_batch_size"] * c["max_seq_len"]) == 0
+    assert c["core_metric_every"] == -1 or c["core_metric_max_per_task"] <= 32
+    assert all(cfg.get("hc_streams", 4) == paper.PAPER_STREAMS for cfg in configs if cfg["hc"] != "residual")
