@@ -15,7 +15,9 @@ Every forward and backward runs with autocast off: the matmuls here must stay in
 which autocast would round to the compute dtype.
 
 Shapes: X (..., n, C); h_pre, h_post (..., n) fp32; h_res (..., n, n) fp32 or None for
-the identity; y (..., C). Gradients come back in each input's dtype.
+the identity; y (..., C). Arithmetic runs in the dtype of the coefficients (W, h_pre,
+h_post: fp32 in the model; float64 in gradient checks); gradients come back in each
+input's dtype.
 """
 
 import torch
@@ -32,7 +34,7 @@ class Project(torch.autograd.Function):
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
         with no_autocast(x):
-            xf = x.float()
+            xf = x.to(w.dtype)
             ss = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square() / x.shape[-1]
             return xf @ w, ss
 
@@ -41,7 +43,7 @@ class Project(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g_x = g_w = None
         with no_autocast(x):
-            xf = x.float()
+            xf = x.to(w.dtype)
             if ctx.needs_input_grad[0]:
                 g_x = g_xw @ w.t()
                 g_x.addcmul_(xf, g_ss, value=2.0 / x.shape[-1])
@@ -59,16 +61,16 @@ class MixPre(torch.autograd.Function):
     def forward(ctx, h_pre, X):
         ctx.save_for_backward(h_pre, X)
         with no_autocast(X):
-            return (h_pre.unsqueeze(-2) @ X.float()).squeeze(-2).to(X.dtype)
+            return (h_pre.unsqueeze(-2) @ X.to(h_pre.dtype)).squeeze(-2).to(X.dtype)
 
     @staticmethod
     def backward(ctx, g_u):
         h_pre, X = ctx.saved_tensors
         g_h = g_X = None
         with no_autocast(X):
-            g = g_u.float().unsqueeze(-2)  # (..., 1, C)
+            g = g_u.to(h_pre.dtype).unsqueeze(-2)  # (..., 1, C)
             if ctx.needs_input_grad[0]:
-                g_h = (g @ X.float().transpose(-1, -2)).squeeze(-2)
+                g_h = (g @ X.to(h_pre.dtype).transpose(-1, -2)).squeeze(-2)
             if ctx.needs_input_grad[1]:
                 g_X = (h_pre.unsqueeze(-1) * g).to(X.dtype)
         return g_h, g_X
@@ -82,13 +84,13 @@ class MixPost(torch.autograd.Function):
     def forward(ctx, h_res, X, h_post, y):
         ctx.save_for_backward(h_res, X, h_post, y)
         with no_autocast(X):
-            out = h_post.unsqueeze(-1) * y.float().unsqueeze(-2)  # (..., n, C) fp32
+            out = h_post.unsqueeze(-1) * y.to(h_post.dtype).unsqueeze(-2)  # (..., n, C)
             if h_res is None:
                 out += X
             else:
                 # baddbmm wants 3-d operands: fold the token dims (free views of contiguous tensors).
                 out.view(-1, *out.shape[-2:]).baddbmm_(h_res.reshape(-1, *h_res.shape[-2:]),
-                                                       X.float().reshape(-1, *X.shape[-2:]))
+                                                       X.to(h_post.dtype).reshape(-1, *X.shape[-2:]))
             return out.to(X.dtype)
 
     @staticmethod
@@ -96,16 +98,16 @@ class MixPost(torch.autograd.Function):
         h_res, X, h_post, y = ctx.saved_tensors
         g_res = g_X = g_post = g_y = None
         with no_autocast(X):
-            g = g_out.float()
+            g = g_out.to(h_post.dtype)
             if h_res is None:
                 g_X = g_out.to(X.dtype)
             else:
                 if ctx.needs_input_grad[0]:
-                    g_res = g @ X.float().transpose(-1, -2)
+                    g_res = g @ X.to(h_post.dtype).transpose(-1, -2)
                 if ctx.needs_input_grad[1]:
                     g_X = (h_res.transpose(-1, -2) @ g).to(X.dtype)
             if ctx.needs_input_grad[2]:
-                g_post = (g @ y.float().unsqueeze(-1)).squeeze(-1)
+                g_post = (g @ y.to(h_post.dtype).unsqueeze(-1)).squeeze(-1)
             if ctx.needs_input_grad[3]:
                 g_y = (h_post.unsqueeze(-2) @ g).squeeze(-2).to(y.dtype)
         return g_res, g_X, g_post, g_y
@@ -116,8 +118,16 @@ def project(x, w):
 
 
 def mix_pre(h_pre, X):
+    if torch.compiler.is_compiling():
+        # A compiler fuses the broadcast multiply-add and its reduction into one pass over
+        # X (faster than the batched matmul it would otherwise call out to).
+        return (h_pre.unsqueeze(-1) * X).sum(dim=-2).to(X.dtype)
     return MixPre.apply(h_pre, X)
 
 
 def mix_post(h_res, X, h_post, y):
+    if torch.compiler.is_compiling():
+        out = h_post.unsqueeze(-1) * y.unsqueeze(-2)
+        out = out + (X if h_res is None else (h_res.unsqueeze(-1) * X.unsqueeze(-3)).sum(dim=-2))
+        return out.to(X.dtype)
     return MixPost.apply(h_res, X, h_post, y)
