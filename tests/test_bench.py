@@ -1,0 +1,91 @@
+"""scripts/bench in a tiny configuration: the JSON it writes, ratios computed from its own
+timings, the saved-for-backward count, the table, and its errors."""
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from scripts import bench
+
+TINY = ["--depth", "1", "--width", "32", "--head-dim", "16", "--seq-len", "16", "--batch", "2",
+        "--vocab-size", "64", "--warmup", "1", "--reps", "3"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    bench.main(TINY + ["--variants", "residual", "hc", "mhc", "kromhc", "--recompute", "both", "--out", str(out)])
+    return json.loads(out.read_text())
+
+
+def test_json_has_every_row_and_field(report):
+    rows = report["results"]
+    labels = {(r["bench"], r["label"]) for r in rows}
+    for bench_name in ("layer", "model"):
+        for label in ("residual", "hc", "hc +recompute", "mhc", "mhc +recompute", "kromhc", "kromhc +recompute"):
+            assert (bench_name, label) in labels
+    assert len(rows) == 14
+    for r in rows:
+        assert len(r["times_ms"]) == 3 and all(t > 0 for t in r["times_ms"])
+        assert r["n"] == (1 if r["variant"] == "residual" else 4)
+        assert r["peak_step_mib"] is None  # CPU: no allocator peak, only saved bytes
+        assert r["saved_bytes"] > 0
+    assert report["env"]["device"] == "cpu" and report["env"]["dtype"] == "float32" and report["env"]["threads"] == 1
+    assert report["width"] == 32 and report["args"]["reps"] == 3
+
+
+def test_statistics_and_ratios_come_from_its_own_timings(report):
+    for bench_name in ("layer", "model"):
+        rows = [r for r in report["results"] if r["bench"] == bench_name]
+        base = next(r for r in rows if r["variant"] == "residual")
+        for r in rows:
+            ms = r["times_ms"]
+            assert r["median_ms"] == pytest.approx(statistics.median(ms))
+            assert (r["min_ms"], r["max_ms"]) == (min(ms), max(ms))
+            assert r["tokens_per_s"] == pytest.approx(2 * 16 / (r["median_ms"] / 1e3))
+            assert r["time_vs_residual"] == pytest.approx(r["median_ms"] / base["median_ms"])
+            mhc = next(m for m in rows if m["variant"] == "mhc" and m["recompute"] == r["recompute"])
+            assert r["time_vs_mhc"] == pytest.approx(r["median_ms"] / mhc["median_ms"])
+            assert r["saved_bytes_per_token"] == pytest.approx(r["saved_bytes"] / 32)
+            if bench_name == "model":
+                assert r["hc_layers"] == 2
+                assert r["extra_saved_bytes_per_layer"] == pytest.approx((r["saved_bytes"] - base["saved_bytes"]) / 2)
+        assert base["time_vs_residual"] == 1.0
+
+
+def test_saved_bytes_are_exact(tmp_path):
+    """residual, branch F(u) = u/2 (saves nothing): the block-start layer keeps exactly X and
+    x0 (the two products with l_resid and l_x0), B*T*C fp32 each. An HC layer keeps at least
+    its streams (n*C per token)."""
+    rows = bench.main(TINY + ["--bench", "layer", "--branch", "scale", "--variants", "residual", "hc_identity",
+                              "--reps", "1"])
+    residual, hc = rows
+    assert residual["saved_bytes"] == 2 * (2 * 16 * 32 * 4)
+    assert hc["saved_bytes"] >= 2 * 16 * 4 * 32 * 4
+
+
+def test_table_is_printed(capsys, report):
+    bench.main(TINY + ["--bench", "layer", "--variants", "residual", "mhc", "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "one connection layer" in out and "x residual" in out and "x mhc" in out
+    assert "\nresidual " in out and "\nmhc " in out and "spread = IQR / median" in out
+
+
+def test_help_runs():
+    result = subprocess.run([sys.executable, "-m", "scripts.bench", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert "--compile" in result.stdout and "python -m scripts.bench --device cuda" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "mhc_lite", "--streams", "8"], "at most 6 streams"),
+    (["--width", "40"], "not a multiple of --head-dim"),
+    (["--reps", "0"], "--reps must be >= 1"),
+])
+def test_bad_input_is_one_clear_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(TINY + argv)
+    assert message in str(exc.value) + capsys.readouterr().err
