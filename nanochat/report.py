@@ -692,6 +692,8 @@ def plot_curves(group, path, title):
 
 
 def _gap(run, reference, kind, key, smooth):
+    """run minus reference at the steps both logged. No interpolation: val BPB is sparse and
+    curved, and a straight line between two evaluations would invent a gap."""
     steps, values = series(run, kind, key)
     ref_steps, ref_values = series(reference, kind, key)
     if smooth:

@@ -4,8 +4,9 @@
     python -m scripts.report --runs RUN_DIR [RUN_DIR ...] --out report/
     python -m scripts.report --runs-root RUNS --configs configs/cpu --out report/
 
-With --configs, the report covers exactly the runs those configs train (their model_tag
-names the run directory); runs that are not there yet still appear, marked "not found".
+With --configs, the report covers the runs those configs train (their model_tag names the
+run directory; with --runs-root, only those); runs not there yet still appear, marked
+"not found", in the rows their configuration belongs to.
 """
 
 import argparse
@@ -15,13 +16,15 @@ from nanochat import report
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--runs", nargs="+", metavar="DIR", help="run directories")
     source.add_argument("--runs-root", metavar="DIR",
                         help="a directory of run directories (default: <base dir>/runs)")
     parser.add_argument("--configs", nargs="+", metavar="PATH",
-                        help="config files or directories: report exactly these runs (by model_tag)")
+                        help="config files or directories: their runs (by model_tag) are reported, and "
+                             "marked not found when absent; with --runs-root, only these")
     parser.add_argument("--reference", default="residual",
                         help="run name or variant the loss-gap figures subtract (default: residual)")
     parser.add_argument("--out", default="report", help="output directory (default: report)")
