@@ -575,20 +575,21 @@ def system_table(runs, depth):
         return None
     ref = next((r for r in group if r.variant == paper.SYSTEM_REFERENCE), None)
     rows, notes = [], []
+    rs = ref.summary if ref else {}
     for r in group:
         s = r.summary
-        p = paper.SYSTEM.get(r.variant) if depth == paper.SYSTEM_DEPTH and r.variant in paper.SYSTEM else None
-        rs = ref.summary if ref else {}
+        p = paper.SYSTEM.get(r.variant) if depth == paper.SYSTEM_DEPTH else None
         if ref and (s.get("device"), s.get("world_size")) != (rs.get("device"), rs.get("world_size")):
             notes.append(f"{r.name} ran on {s.get('device')} x{s.get('world_size')}, the mHC run on "
                          f"{rs.get('device')} x{rs.get('world_size')}: its relative numbers compare hardware too.")
-        rows.append((method_label(r), r.name, f"{s.get('device', MISSING)} x{s.get('world_size', MISSING)}",
-                     fmt(s.get("tok_per_sec"), ",.0f"), signed(relative_pct(s.get("tok_per_sec"), rs.get("tok_per_sec"))),
-                     signed(p.throughput_pct) if p else MISSING,
-                     fmt(s.get("step_time"), ".4f"), signed(relative_pct(s.get("step_time"), rs.get("step_time"))),
-                     signed(p.step_time_pct) if p else MISSING,
-                     fmt(s.get("peak_mem_mib"), ",.0f"), signed(relative_pct(s.get("peak_mem_mib"), rs.get("peak_mem_mib"))),
-                     signed(p.memory_pct) if p else MISSING))
+        cells = [method_label(r), r.name, f"{s.get('device', MISSING)} x{s.get('world_size', MISSING)}"]
+        for key, spec, paper_value in (("tok_per_sec", ",.0f", p and p.throughput_pct),
+                                       ("step_time", ".4f", p and p.step_time_pct),
+                                       ("peak_mem_mib", ",.0f", p and p.memory_pct)):
+            ours = "(ref)" if r is ref else signed(relative_pct(s.get(key), rs.get(key)))
+            theirs = "(ref)" if p and r.variant == paper.SYSTEM_REFERENCE else signed(paper_value if p else None)
+            cells += [fmt(s.get(key), spec), ours, theirs]
+        rows.append(cells)
     header = ("Method", "Run", "Device", "tok/s", "Δ% vs mHC", "paper", "step time (s)", "Δ%", "paper",
               "peak mem (MiB)", "Δ%", "paper")
     notes.insert(0, "Medians over the steps after warm-up (summary.json); Δ% is relative to the mHC run "
