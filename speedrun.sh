@@ -82,7 +82,16 @@ fi
 CORE=1
 if [ -n "${NANOCHAT_EVAL_BUNDLE:-}" ]; then
     echo "speedrun: CORE bundle from $NANOCHAT_EVAL_BUNDLE"
-elif ! python -c "from nanochat.core_eval import resolve_eval_bundle; resolve_eval_bundle()"; then
+elif ! python - <<'PY'
+import sys
+from nanochat.core_eval import resolve_eval_bundle
+try:
+    resolve_eval_bundle()
+except (ConnectionError, OSError, ValueError) as e:
+    print(f"speedrun: {e}")
+    sys.exit(1)
+PY
+then
     if [ "$MODE" = cpu ]; then
         echo "speedrun: the CORE bundle could not be downloaded; the cpu demo continues without CORE"
         echo "          (set NANOCHAT_EVAL_BUNDLE=/path/to/eval_bundle to include it)"
