@@ -119,15 +119,24 @@ def project(x, w):
 
 def mix_pre(h_pre, X):
     if torch.compiler.is_compiling():
-        # A compiler fuses the broadcast multiply-add and its reduction into one pass over
-        # X (faster than the batched matmul it would otherwise call out to).
-        return (h_pre.unsqueeze(-1) * X).sum(dim=-2).to(X.dtype)
+        return stream_sum(h_pre[..., None], X).to(X.dtype)
     return MixPre.apply(h_pre, X)
 
 
 def mix_post(h_res, X, h_post, y):
     if torch.compiler.is_compiling():
-        out = h_post.unsqueeze(-1) * y.unsqueeze(-2)
-        out = out + (X if h_res is None else (h_res.unsqueeze(-1) * X.unsqueeze(-3)).sum(dim=-2))
+        out = h_post[..., None] * y[..., None, :]
+        out = out + (X if h_res is None else stream_sum(h_res[..., None], X[..., None, :, :]))
         return out.to(X.dtype)
     return MixPost.apply(h_res, X, h_post, y)
+
+
+def stream_sum(h, X):
+    """sum_s h[..., s, :] * X[..., s, :] over the stream axis (-2), written as multiply-adds
+    for a compiler: it fuses them into one pass over X, and, there being no reduction op,
+    its partitioner may recompute the result in backward rather than keep it (a written
+    .sum() would keep the C-wide branch input of every layer)."""
+    out = h[..., 0, :] * X[..., 0, :]
+    for s in range(1, X.shape[-2]):
+        out = out + h[..., s, :] * X[..., s, :]
+    return out
