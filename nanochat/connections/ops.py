@@ -49,7 +49,8 @@ class Project(torch.autograd.Function):
                 g_x.addcmul_(xf, g_ss, value=2.0 / x.shape[-1])
                 g_x = g_x.to(x.dtype)
             if ctx.needs_input_grad[1]:
-                g_w = xf.flatten(0, -2).t() @ g_xw.flatten(0, -2)
+                # (g^T x)^T rather than x^T g: the same product, ~2x faster on CPU BLAS for k << D.
+                g_w = (g_xw.flatten(0, -2).t() @ xf.flatten(0, -2)).t()
         return g_x, g_w
 
 
