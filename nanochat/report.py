@@ -553,18 +553,20 @@ def stability_table(runs):
             p = paper.STABILITY_COL_MAE[r.variant]
             p = ("≈" if r.variant in paper.STABILITY_APPROXIMATE else "") + f"{p:g}"
         rows.append((method_label(r), r.name, fmt(r.depth, "d"),
-                     fmt(stats.get("composite_col_mae"), ".2e"), p or MISSING,
-                     fmt(stats.get("composite_row_mae"), ".2e"),
+                     fmt(stats.get("composite_row_mae"), ".2e"), p or MISSING,
+                     fmt(stats.get("composite_col_mae"), ".2e"),
                      fmt(stats.get("fwd_gain"), ".3g"), fmt(stats.get("bwd_gain"), ".3g"), source))
     if not rows:
         return None
-    notes = ["MAE of the column (row) sums of the product of every HC layer's H_res, per token, against 1; "
+    notes = ["MAE of the row (column) sums of the product of every HC layer's H_res, per token, against 1; "
              "gains: largest absolute row (forward) and column (backward) sum of that product.",
+             "The paper's code stores A = H_res^T, so the column sums it plots are our row sums: its value "
+             "stands beside our row MAE. Our mHC ends each Sinkhorn pass on columns, so its error shows in rows.",
              f"Paper ({paper.STABILITY_FIGURE}, D={paper.STABILITY_DEPTH}): a plot; mHC 'around 0.05', "
              "mHC-lite and KromHC zero."]
     if sources:
         notes.append("From the last training-time diagnostic (no hc_stats.json): " + ", ".join(sources) + ".")
-    header = ("Method", "Run", "D", "col MAE", "paper", "row MAE", "fwd gain", "bwd gain", "source")
+    header = ("Method", "Run", "D", "row MAE", "paper", "col MAE", "fwd gain", "bwd gain", "source")
     return md_table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 

@@ -10,19 +10,13 @@ import pytest
 
 from nanochat import paper_results as paper
 from nanochat import report
+from nanochat.train_config import FLAG_NAMES
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("paper", "n_scaling", "ablations", "cpu")
 
-# The config keys of the team contract (base_train flags with underscores).
-KNOWN_KEYS = {
-    "depth", "aspect_ratio", "head_dim", "max_seq_len", "window_pattern", "num_iterations",
-    "target_param_data_ratio", "device_batch_size", "total_batch_size", "embedding_lr", "unembedding_lr",
-    "matrix_lr", "weight_decay", "warmup_ratio", "warmdown_ratio", "final_lr_frac", "eval_every",
-    "eval_tokens", "core_metric_every", "core_metric_max_per_task", "sample_every", "save_every", "run",
-    "model_tag", "device_type", "hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters",
-    "hc_norm_weight", "hc_lr", "hc_stats_every", "hc_recompute", "seed", "vocab_size", "data_dir",
-}
+# The config keys: base_train flags with underscores.
+KNOWN_KEYS = set(FLAG_NAMES)
 VARIANTS = {"residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc"}
 # A paper reference in a header: "Table 3 (tab:loss)", "Figures 5 and 8 (fig:...", or the
 # appendix section that has neither.
@@ -151,3 +145,30 @@ def test_cpu_demo_configs():
     assert c["total_batch_size"] % (c["device_batch_size"] * c["max_seq_len"]) == 0
     assert c["core_metric_every"] == -1 or c["core_metric_max_per_task"] <= 32
     assert all(cfg.get("hc_streams", 4) == paper.PAPER_STREAMS for cfg in configs if cfg["hc"] != "residual")
+
+
+@pytest.mark.parametrize("path", config_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_config_resolves_through_base_train_and_builds_its_model(path):
+    """What `base_train --config PATH` would do before touching data: parse the flags, size
+    the model from depth, resolve the connection, build it (on the meta device: no memory),
+    and split the batch into micro-steps on 1 and 8 ranks."""
+    import torch
+
+    from nanochat.gpt import GPT, model_config_from_depth
+    from nanochat.train_config import parse_args
+    from scripts.base_train import grad_accum_steps
+
+    args = parse_args(["--config", str(path)])
+    config = model_config_from_depth(args.depth, args.vocab_size or 32768, args.max_seq_len, args.aspect_ratio,
+                                     args.head_dim, args.window_pattern, hc=args.hc, hc_streams=args.hc_streams,
+                                     hc_factors=args.hc_factors, hc_alpha_shared=args.hc_alpha_shared,
+                                     hc_sk_iters=args.hc_sk_iters, hc_norm_weight=args.hc_norm_weight,
+                                     hc_recompute=args.hc_recompute)
+    with torch.device("meta"):
+        model = GPT(config)
+    assert len(model.connections.layers) == 2 * args.depth
+    assert model.connections.n == (1 if args.hc == "residual" else (args.hc_streams or 4))
+    groups = model.param_groups()
+    assert not any(g["kind"] == "muon" and g["name"] == "hc" for g in groups)
+    for world in ((1,) if args.device_type == "cpu" else (1, 8)):
+        assert grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len, world) >= 1
