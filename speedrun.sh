@@ -136,5 +136,5 @@ for config in "${CONFIGS[@]}"; do
 done
 
 # ---- the report: tables and figures beside the paper's numbers
-python -m scripts.report --runs "${RUN_DIRS[@]}" --out report
+python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "${CONFIGS[@]}" --out report
 echo "speedrun: done; see report/README.md"
