@@ -126,6 +126,23 @@ def test_bf16_streams_save_no_fp32_copy_and_mhc_no_iterates(variant):
     assert B * T * n * C * 2 <= measured <= budget, (measured, budget)
 
 
+def test_compiled_layer_keeps_bf16_streams_not_an_fp32_copy():
+    """The same memory promise through Inductor, as training runs it (bf16 autocast): the
+    partitioner keeps X in bf16 (a Function around the projection made it keep the fp32
+    cast, 3x the bytes). One real compile (~10 s), for the projection all variants share."""
+    n, C, B, T = 4, 64, 2, 64
+    layer = randomize(build_layer("hc", n, C=C), 1)
+    X = random_streams(n, C=C, B=B, T=T, dtype=torch.bfloat16).requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda X: layer(X, lambda u: u * 0.5, None), dynamic=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(X).float().sum().backward()  # compile forward and backward outside the count
+        measured = saved_bytes(lambda: compiled(X), exclude=layer.parameters())
+    k = layer.weight.shape[1]
+    budget = B * T * (n * C * 2 + 4 * (4 * k + 2 * n * n)) + 4 * layer.weight.numel()
+    assert B * T * n * C * 2 <= measured <= budget, (measured, budget)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bf16_gradients_follow_fp32(variant):
     """bf16 streams: X's gradient comes back in bf16 and the parameters' in fp32, and both

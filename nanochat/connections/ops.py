@@ -10,6 +10,10 @@ Why Functions rather than plain ops (measured with scripts/bench):
   one pass over X instead of n broadcast multiply-adds, whose per-stream slicing costs a
   zero-filled full-size gradient per slice in backward;
 - the backward passes combine what autograd would do in several kernels.
+Under torch.compile none of the Functions is used: the projection is written as plain ops
+and the two mixes as stream-by-stream multiply-adds (`stream_sum`), which the compiler
+fuses into one pass over X (faster than calling out to a batched matmul); it derives the
+backward itself and its partitioner keeps bf16 X rather than an fp32 copy.
 
 Every forward and backward runs with autocast off: the matmuls here must stay in fp32,
 which autocast would round to the compute dtype.
@@ -115,6 +119,12 @@ class MixPost(torch.autograd.Function):
 
 
 def project(x, w):
+    if torch.compiler.is_compiling():
+        # Plain ops: the compiler's partitioner then keeps x in its own dtype (traced, the
+        # Function's backward made it keep the fp32 cast of bf16 streams instead).
+        with no_autocast(x):
+            xf = x.to(w.dtype)
+            return xf @ w, xf.square().mean(dim=-1, keepdim=True)
     return Project.apply(x, w)
 
 
