@@ -80,28 +80,43 @@ class HyperConnection(nn.Module):
     def res_bias_init(self):
         return torch.zeros(0)
 
-    def logits(self, X):
-        """a * (x' W) + b for all 2n + R columns: (B, T, k) fp32. Call with autocast off."""
+    def projection(self, X):
+        """(x W, mean(x^2)) for x = vec(X), the RMSNorm weight folded into W: (B, T, k) and
+        (B, T, 1) fp32. Dividing by the RMS after the matmul is exact (one scalar per token)
+        and lets the projection read X once. Call with autocast off."""
         w = self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
-        xw, ss = project(X.flatten(-2), w)
+        return project(X.flatten(-2), w)
+
+    def logits_from(self, xw, ss):
+        """a * (x' W) + b for all 2n + R columns, from the projection: (B, T, k) fp32."""
         sizes = (self.n, self.n, *self.res_groups)
         scale = torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
         return torch.addcmul(self.bias, xw * torch.rsqrt(ss + RMS_EPS), scale)
 
+    def logits(self, X):
+        return self.logits_from(*self.projection(X))
+
+    def gates(self, xw, ss):
+        """(h_pre, h_post, h_res) from the projection (everything after the matmul)."""
+        n = self.n
+        z = self.logits_from(xw, ss)
+        return torch.sigmoid(z[..., :n]), 2 * torch.sigmoid(z[..., n:2 * n]), self.h_res(z[..., 2 * n:])
+
     def coefficients(self, X):
         """(h_pre (B,T,n), h_post (B,T,n), h_res (B,T,n,n)), fp32, H-convention."""
-        n = self.n
         with torch.autocast(X.device.type, enabled=False):
-            z = self.logits(X)
-            return torch.sigmoid(z[..., :n]), 2 * torch.sigmoid(z[..., n:2 * n]), self.h_res(z[..., 2 * n:])
+            return self.gates(*self.projection(X))
 
     def forward(self, X, branch, x0=None):
-        if self.recompute:
-            # Keep only X for the backward; the fp32 copy of X and the coefficient
-            # intermediates (e.g. Sinkhorn iterates) are recomputed.
-            h_pre, h_post, h_res = checkpoint(self.coefficients, X, use_reentrant=False)
-        else:
-            h_pre, h_post, h_res = self.coefficients(X)
+        with torch.autocast(X.device.type, enabled=False):
+            xw, ss = self.projection(X)
+            if self.recompute:
+                # Keep only the k + 1 projection numbers per token for backward and recompute
+                # the gates and H_res from them (logits, sigmoids, softmax weights, the
+                # Kronecker products): a few small ops, no second pass over X.
+                h_pre, h_post, h_res = checkpoint(self.gates, xw, ss, use_reentrant=False)
+            else:
+                h_pre, h_post, h_res = self.gates(xw, ss)
         if self.capture is not None:
             record_layer(self.capture, X, h_pre, h_post, h_res)
         y = branch(mix_pre(h_pre, X))
