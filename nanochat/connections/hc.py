@@ -27,6 +27,10 @@ at the layer's home stream (layer_index % n); b_res per variant, close to the id
 
 Precision: coefficients are computed in fp32 with autocast off, whatever the compute dtype;
 the streams keep X's dtype; pre and post mixes accumulate in fp32 and round once.
+
+Cost: the projection and the two mixes, each a pass over X, are the layer's whole
+memory-bound work; they live in ops.py (fused autograd Functions in eager mode, plain
+fusible ops under torch.compile). Everything between them is k numbers per token.
 """
 
 import torch
