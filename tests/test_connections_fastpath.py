@@ -1,8 +1,8 @@
 """The fast connection path (nanochat/connections/ops.py and the recomputing Sinkhorn-Knopp)
 against the paper's equations, in every execution mode: eager, with hc_recompute, and
-traced by torch.compile (which takes the broadcast form of the mixes); its memory promises
-(no fp32 copy of bf16 streams, no Sinkhorn iterates kept for backward); and whole-graph
-capture without breaks.
+traced by torch.compile (which takes the plain-op form of the projection and the mixes);
+its memory promises (no fp32 copy of bf16 streams, eager or through Inductor; no Sinkhorn
+iterates kept for backward); and whole-graph capture without breaks.
 
 The reference implementation is the one in test_connections.py (`reference_forward`: the
 paper's equations written plainly, Sinkhorn as an exp-domain loop, permutations summed
