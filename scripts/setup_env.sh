@@ -29,10 +29,14 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
         "${pip[@]}" install "torch==$TORCH_VERSION"
     else
         echo "setup_env: no GPU, installing CPU torch==$TORCH_VERSION"
-        # A CPU wheel already on this machine (pip's find-links) first; otherwise
-        # PyTorch's CPU-only index, never PyPI's default (CUDA) build.
-        "${pip[@]}" install --no-index "torch==$TORCH_VERSION" 2>/dev/null \
-            || "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+        # A CPU wheel already on this machine (pip's find-links) first, its dependencies
+        # then from the index; otherwise PyTorch's CPU-only index, never PyPI's default
+        # (CUDA) build.
+        if "${pip[@]}" install --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null; then
+            "${pip[@]}" install -c constraints.txt "torch==$TORCH_VERSION"
+        else
+            "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+        fi
     fi
 fi
 
