@@ -276,12 +276,7 @@ def test_matches_reference_forward_and_grads(case, alpha_shared):
     X1, X2 = (random_streams(n).requires_grad_() for _ in range(2))
     out = layer(X1, branch, None)
     expected = reference_forward(variant, ref, X2, branch)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    (out * R).sum().backward()
-    (expected * R).sum().backward()
-    torch.testing.assert_close(X1.grad, X2.grad, atol=1e-5, rtol=1e-5)
-    for (name, p), q in zip(layer.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert_matches_reference(out, expected, X1, X2, layer, ref, R)
 
 
 @pytest.mark.parametrize("variant", HC_VARIANTS)
@@ -423,3 +418,15 @@ def test_defaults_are_filled_in_the_config(hc, streams, factors, expected):
     connections.resolve_config(cfg)
     connections.resolve_config(cfg)  # idempotent: the model resolves again when it builds
     assert (cfg.hc_streams, cfg.hc_factors) == expected
+
+
+def assert_matches_reference(out, expected, X1, X2, layer, ref, R):
+    """Forward equal to the reference, and so are the gradients of the streams and of every
+    parameter after backpropagating the same random projection R of the output."""
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    (out * R).sum().backward()
+    (expected * R).sum().backward()
+    torch.testing.assert_close(X1.grad, X2.grad, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(layer.named_parameters(), ref.parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)

@@ -15,7 +15,8 @@ import torch._dynamo
 from nanochat.connections.birkhoff import sinkhorn_log
 from nanochat.connections.ops import mix_post, mix_pre, project
 from nanochat.gpt import GPTConfig, build_model
-from test_connections import build_layer, make_branch, randomize, random_streams, reference_forward
+from test_connections import (assert_matches_reference, build_layer, make_branch, randomize, random_streams,
+                              reference_forward)
 
 VARIANTS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
 # (variant, n, factors): every variant at the paper's n = 4, plus odd n and deeper Kronecker chains.
@@ -50,13 +51,7 @@ def test_fast_path_matches_reference(case, mode):
     X1, X2 = (random_streams(n, seed=3).requires_grad_() for _ in range(2))
     out = run_layer(layer, X1, branch, mode)
     expected = reference_forward(variant, ref, X2, branch)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    (out * R).sum().backward()
-    (expected * R).sum().backward()
-    torch.testing.assert_close(X1.grad, X2.grad, atol=1e-5, rtol=1e-5)
-    for (name, p), q in zip(layer.named_parameters(), ref.parameters()):
-        assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert_matches_reference(out, expected, X1, X2, layer, ref, R)
 
 
 def plain_sinkhorn_log(logits, iters):
