@@ -56,7 +56,7 @@ FLAGS = [
     ("hc_sk_iters", int, 20, "mHC: Sinkhorn-Knopp iterations"),
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
     ("hc_recompute", _bool, False, "keep only the connection projection (k+1 numbers per token) and "
-                                   "recompute the gates and H_res in backward (a few % less activation memory)"),
+                                   "recompute the gates and H_res in backward (a few percent less activation memory)"),
     ("hc_lr", float, 0.005, "AdamW LR of every connection parameter (paper: 0.005)"),
     ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
     # horizon

@@ -141,3 +141,11 @@ def test_rng_state_round_trip():
     a = torch.rand(3)
     ckpt.restore_rng_state(state)
     assert torch.equal(torch.rand(3), a)
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all("--" + name.replace("_", "-") in out for name in FLAG_NAMES)
