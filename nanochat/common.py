@@ -1,6 +1,6 @@
 """Process-level plumbing shared by every module: device and dtype choice, torchrun-aware
-distributed init and teardown, rank-0 printing, the base directory, seeding, and the
-peak-FLOPs table used for MFU."""
+distributed init and teardown, rank-0 printing and console tables, the base directory,
+seeding, and the peak-FLOPs table used for MFU."""
 
 import os
 import random
@@ -66,6 +66,15 @@ def get_dist_info():
 def print0(*args, **kwargs):
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs, flush=True)
+
+
+def text_table(header, rows):
+    """A console table: first column left-aligned, the others right-aligned, a rule under
+    the header."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(cells[0]), line(["-" * w for w in widths]), *map(line, cells[1:])])
 
 
 def seed_everything(seed):

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from nanochat import connections
-from nanochat.common import synchronize
+from nanochat.common import synchronize, text_table
 from nanochat.gpt import GPTConfig, build_model
 
 VARIANTS = ("residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
@@ -301,13 +301,8 @@ def print_table(rows, bench, args):
                       f"{r['min_ms']:.1f}-{r['max_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
                       fmt(r["time_vs_residual"], ".3f"), fmt(r["time_vs_mhc"], ".3f"), saved,
                       fmt(r["peak_step_mib"], ".1f")])
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    row_text = lambda x: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths)))
     print(f"\n{title}")
-    print(row_text(header))
-    print(row_text(["-" * w for w in widths]))
-    for line in lines:
-        print(row_text(line))
+    print(text_table(header, lines))
 
 
 def resolve_device(args):

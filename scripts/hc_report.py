@@ -18,6 +18,7 @@ import os
 import torch
 
 from nanochat import paper_results as paper
+from nanochat.common import text_table
 from nanochat.connections.diagnostics import HC_VARIANTS, collect_hc_stats, model_hc_params, hc_layer_params
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
 
@@ -30,12 +31,6 @@ def kilo(x):
 
 def pct(ours, theirs):
     return f"{100 * (ours - theirs) / theirs:+.2f}%"
-
-
-def table(header, rows):
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def main_table():
@@ -61,7 +56,7 @@ def main_table():
             f"Per layer: nC(2n+R) + (2n+R) + 3 + nC with R = n^2 (HC, mHC), n! (mHC-lite), sum_k i_k! (KromHC);\n"
             f"HC (H_res = I): nC*2n + 2n + 2 + nC. Largest difference to the paper: {100 * max(diffs):.2f}% "
             f"(its entries are rounded to 1K).\n\n"
-            + table(header, rows))
+            + text_table(header, rows))
 
 
 def scaling_table():
@@ -73,7 +68,7 @@ def scaling_table():
         rows.append([n, "x".join(map(str, factors)), f"{ours / 1e6:.2f}M", f"{theirs:.2f}M", pct(ours, theirs * 1e6),
                      f"{model_hc_params('kromhc', n, C, depth, factors, norm_weight=False) / 1e6:.2f}M"])
     return (f"{paper.N_SCALING_TABLE}: KromHC ΔParams at D = {depth} (C = {C})\n\n"
-            + table(["n", "factors", "ours", "paper", "diff", "no norm w."], rows)
+            + text_table(["n", "factors", "ours", "paper", "diff", "no norm w."], rows)
             + f"\n\nNote: {paper.N_SCALING_NOTE}. We report our count.")
 
 
@@ -99,7 +94,7 @@ def params_vs_n_table(C=paper.PARAMS_VS_N_C, streams=range(2, 17)):
     return (f"{paper.PARAMS_VS_N_FIGURE}: parameters per HC layer against n, C = {C}, with the norm weight;\n"
             f"KromHC with i_k = 2 (n = 2^K); * = other n, prime factors <= 5; mHC-lite refused above "
             f"n = {MHC_LITE_MAX_STREAMS}.\n\n"
-            + table(["n", *(paper.METHOD_NAMES[v] for v in HC_VARIANTS)], rows))
+            + text_table(["n", *(paper.METHOD_NAMES[v] for v in HC_VARIANTS)], rows))
 
 
 def custom_table(depth, n, factors, width):
@@ -119,7 +114,7 @@ def custom_table(depth, n, factors, width):
             rows.append([paper.METHOD_NAMES[variant], f"n/a: {e}", "", ""])
     return (f"n = {n}, D = {depth} (C = {C}, L = {2 * depth})"
             + (f", KromHC factors {'x'.join(map(str, factors))}" if factors else "") + "\n\n"
-            + table(["variant", "per layer", "model", "model, no norm w."], rows))
+            + text_table(["variant", "per layer", "model", "model, no norm w."], rows))
 
 
 def print_params(args):
@@ -165,7 +160,7 @@ def layer_table(stats):
              f"{l['identity_dist']:.3f}", f"{l['composite_row_mae']:.2e}", f"{l['composite_col_mae']:.2e}",
              " ".join(f"{r:.2f}" for r in l["stream_rms"])] for l in stats["layers"]]
     header = ["layer", "F", "row err", "col err", "min", "|H-I|", "prod row MAE", "prod col MAE", "stream RMS"]
-    return table(header, rows)
+    return text_table(header, rows)
 
 
 def report_checkpoint(args):
