@@ -29,6 +29,9 @@ class GPTConfig:
     n_kv_head: int = 6
     n_embd: int = 768
     window_pattern: str = "SSSL"
+    # nanochat's value embeddings (on at the pin). Off, with a 65,536 vocab, gives the
+    # paper's stated sizes (~60M at D=6, ~186M at D=12); see README "The residual row".
+    value_embeds: bool = True
     # Stream connections (DESIGN.md section 3). hc_streams = 0 and hc_factors = [] mean
     # "the variant's default" (1 for residual, 4 for the others; prime factors for kromhc).
     hc: str = "residual"
@@ -54,9 +57,9 @@ def norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
 
-def has_value_embedding(layer_idx, n_layer):
-    """Alternating layers, always including the last one."""
-    return layer_idx % 2 == (n_layer - 1) % 2
+def has_value_embedding(layer_idx, config):
+    """Alternating layers, always including the last one (when value embeddings are on)."""
+    return config.value_embeds and layer_idx % 2 == (config.n_layer - 1) % 2
 
 
 def apply_rotary_emb(x, cos, sin):
@@ -114,7 +117,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(C, C, bias=False)
         self.ve_gate_channels = 32
         self.ve_gate = (nn.Linear(self.ve_gate_channels, self.n_kv_head, bias=False)
-                        if has_value_embedding(layer_idx, config.n_layer) else None)
+                        if has_value_embedding(layer_idx, config) else None)
 
     def forward(self, x, ve, cos_sin, window, kv_cache):
         B, T, C = x.shape
@@ -171,7 +174,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(C, self.padded_vocab_size, bias=False)
         self.value_embeds = nn.ModuleDict({
             str(i): nn.Embedding(self.padded_vocab_size, kv_dim)
-            for i in range(config.n_layer) if has_value_embedding(i, config.n_layer)})
+            for i in range(config.n_layer) if has_value_embedding(i, config)})
         self.connections = connections.build(config)
         self.window_sizes = self._compute_window_sizes()
         # Rotary tables cover 10x the training context so that long evaluation prompts fit.
@@ -223,7 +226,8 @@ class GPT(nn.Module):
     # ----- parameter accounting and optimizer groups -----
 
     def param_counts(self):
-        """Parameters by role; the buckets partition the model exactly."""
+        """Parameters by role (the buckets partition the model exactly), their total, and
+        the non-embedding count: the total less the embedding tables (wte, value embeddings)."""
         counts = {
             "wte": self.transformer.wte.weight.numel(),
             "value_embeds": sum(p.numel() for p in self.value_embeds.parameters()),
@@ -232,6 +236,7 @@ class GPT(nn.Module):
             "connections": sum(p.numel() for p in self.connections.parameters()),
         }
         counts["total"] = sum(counts.values())
+        counts["non_embedding"] = counts["total"] - counts["wte"] - counts["value_embeds"]
         actual = sum(p.numel() for p in self.parameters())
         assert counts["total"] == actual, f"parameter buckets miss parameters: {counts['total']} != {actual}"
         return counts
@@ -246,16 +251,19 @@ class GPT(nn.Module):
         are lookups and do not count; the connection projections are matmuls and do)
         plus attention scores and values over each layer's effective window."""
         counts = self.param_counts()
-        matmul_params = counts["total"] - counts["wte"] - counts["value_embeds"]
+        matmul_params = counts["non_embedding"]
         T = self.config.sequence_len
         attn = sum(12 * self.config.n_head * self.head_dim * min(w, T) for w in self.window_sizes)
         return 6 * matmul_params + attn
 
     def param_groups(self, unembedding_lr=0.004, embedding_lr=0.3, matrix_lr=0.02, weight_decay=0.0,
-                     hc_lr=0.005, adam_betas=(0.8, 0.95), hc_betas=(0.8, 0.95)):
+                     hc_lr=0.005, scalar_lr=0.5, adam_betas=(0.8, 0.95), hc_betas=(0.8, 0.95),
+                     x0_betas=(0.8, 0.95)):
         """Optimizer groups: AdamW for head, embeddings (both scaled by (C/768)^-0.5 as
-        nanochat does) and every connection parameter (unscaled, no weight decay); Muon for
-        the transformer matrices, one group per shape. Connection parameters never reach Muon."""
+        nanochat does) and the connection parameters (unscaled, no weight decay: hc_lr for
+        the HC variants, nanochat's scalar_lr split for the residual baseline; see
+        connections.StreamConnections.param_groups); Muon for the transformer matrices, one
+        group per shape. Connection parameters never reach Muon."""
         dmodel_scale = (self.config.n_embd / 768) ** -0.5
         adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0)
         groups = [
@@ -265,9 +273,7 @@ class GPT(nn.Module):
         if len(self.value_embeds):
             groups.append(dict(adamw, name="value_embeds", params=list(self.value_embeds.parameters()),
                                lr=embedding_lr * dmodel_scale, betas=adam_betas))
-        hc_params = list(self.connections.parameters())
-        if hc_params:
-            groups.append(dict(adamw, name="hc", params=hc_params, lr=hc_lr, betas=hc_betas))
+        groups += [dict(adamw, **g) for g in self.connections.param_groups(hc_lr, scalar_lr, hc_betas, x0_betas)]
         matrices = list(self.transformer.h.parameters())
         for shape in sorted({tuple(p.shape) for p in matrices}):
             groups.append(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",

@@ -48,6 +48,8 @@ FLAGS = [
     ("head_dim", int, 128, "attention head dimension"),
     ("max_seq_len", int, 2048, "context length"),
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
+    ("value_embeds", _bool, True, "nanochat's value embeddings on alternating layers (off + a 65,536 vocab: "
+                                  "the paper's ~60M/~186M sizes)"),
     # connections
     ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc"),
     ("hc_streams", int, 0, "number of streams n (0: the variant's default, 4 for HC variants)"),
@@ -57,7 +59,10 @@ FLAGS = [
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
     ("hc_recompute", _bool, False, "keep only the connection projection (k+1 numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
-    ("hc_lr", float, 0.005, "AdamW LR of every connection parameter (paper: 0.005)"),
+    ("hc_lr", float, 0.005, "AdamW LR of every HC connection parameter (paper: 0.005); not used by residual"),
+    ("scalar_lr", float, 0.5, "residual baseline, as nanochat: AdamW LR of the x0 scalars; the resid scalars "
+                              "train at scalar_lr * 0.01 (= 0.005, the paper's LR for residual connections)"),
+    ("x0_beta1", float, 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
     ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
     # horizon
     ("num_iterations", int, -1, "explicit number of steps (highest precedence)"),

@@ -32,7 +32,7 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
                              peak_memory_mib, print0, synchronize)
 from nanochat.gpt import build_model, model_config_from_depth  # noqa: E402
-from nanochat.train_config import RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
+from nanochat.train_config import FLAGS, RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
 
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
                   "If yesterday was Friday, then tomorrow will be", "The opposite of hot is",
@@ -94,11 +94,31 @@ def check_resume_settings(saved, current, saved_world, world_size):
     if saved_world != world_size:
         raise SystemExit(f"error: the checkpoint was written by {saved_world} ranks and this run has {world_size}; "
                          f"resume with the same number of processes (the optimizer state and data order are sharded)")
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    # A setting added after the run was saved is absent from its record; at its default it
+    # means what the run did.
+    defaults = {name: default for name, _, default, _ in FLAGS}
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES
+                     and saved.get(k, defaults.get(k)) != current[k])
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
         raise SystemExit(f"error: --resume with changed settings ({details}). Resume with the run's own "
                          f"config.toml, or start a new run under another --model-tag")
+
+
+def check_resume_groups(saved, variant):
+    """Residual runs saved before x0 and resid got nanochat's separate LRs hold one optimizer
+    group for both; that state cannot continue under two groups."""
+    if variant == "residual" and "scalar_lr" not in saved:
+        raise SystemExit("error: this residual run was trained with both per-block scalars at --hc-lr, before "
+                         "they got nanochat's separate LRs (--scalar-lr); its optimizer state cannot continue. "
+                         "Start it again under another --model-tag (its checkpoints still load for evaluation)")
+
+
+def connection_grad_norm(norms):
+    """Gradient norm of the connection parameters: the optimizer groups named hc* together
+    (one for the HC variants, two for the residual baseline's scalars)."""
+    parts = [value for name, value in norms.items() if name.startswith("hc")]
+    return math.sqrt(sum(float(v) ** 2 for v in parts)) if parts else None
 
 
 def clean_metrics_log(path, resume_step):
@@ -186,7 +206,8 @@ def main(argv=None):
 
     hc_fields = dict(hc=args.hc, hc_streams=args.hc_streams, hc_factors=args.hc_factors,
                      hc_alpha_shared=args.hc_alpha_shared, hc_sk_iters=args.hc_sk_iters,
-                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute)
+                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute,
+                     value_embeds=args.value_embeds)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
                                          args.head_dim, args.window_pattern, **hc_fields)
@@ -208,6 +229,7 @@ def main(argv=None):
         else:
             resume_meta = ckpt.load_meta(run_dir, step)
             check_resume_settings(resume_meta["settings"], values, resume_meta["world_size"], info.world_size)
+            check_resume_groups(resume_meta["settings"], config.hc)
             start_step = step
     elif master and ckpt.saved_steps(run_dir):
         raise SystemExit(f"error: {run_dir} already holds checkpoints; pass --resume to continue it, "
@@ -235,7 +257,10 @@ def main(argv=None):
            f"vocab {vocab_size}, windows {orig_model.window_sizes}")
     print0(f"connections: {config.hc}, n={config.hc_streams}"
            + (f", factors {config.hc_factors}" if config.hc == "kromhc" else ""))
-    print0("parameter counts: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    print0(f"parameters: {counts['total']:,} total, {counts['non_embedding']:,} non-embedding "
+           f"(value embeddings {'on' if config.value_embeds else 'off'}); by role: "
+           + ", ".join(f"{k} {counts[k]:,}" for k in ("wte", "value_embeds", "lm_head", "transformer_matrices",
+                                                       "connections")))
     print0(f"FLOPs per token: {flops_per_token:.3e}; steps: {num_iterations} (from {horizon_source}); "
            f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
     print0(f"LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay in force: "
@@ -258,7 +283,8 @@ def main(argv=None):
 
     groups = orig_model.param_groups(
         unembedding_lr=args.unembedding_lr * batch_lr_scale, embedding_lr=args.embedding_lr * batch_lr_scale,
-        matrix_lr=args.matrix_lr * batch_lr_scale, weight_decay=weight_decay, hc_lr=args.hc_lr * batch_lr_scale)
+        matrix_lr=args.matrix_lr * batch_lr_scale, weight_decay=weight_decay, hc_lr=args.hc_lr * batch_lr_scale,
+        scalar_lr=args.scalar_lr * batch_lr_scale, x0_betas=(args.x0_beta1, 0.95))
     optimizer = build_optimizer(groups, info.world_size)
     loader_state = None
     if resume_meta is not None:
@@ -425,7 +451,7 @@ def main(argv=None):
                f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
                f"mfu {mfu:.2f} | epoch {train_loader.epoch}")
         log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
-                hc_grad_norm=norms.get("hc"), tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
+                hc_grad_norm=connection_grad_norm(norms), tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
         step += 1
@@ -436,7 +462,8 @@ def main(argv=None):
             "train_loss_smooth": loop["smooth_train_loss"] / (1 - 0.9 ** max(step, 1)),
             "val_bpb": loop["val_bpb"], "min_val_bpb": loop["min_val_bpb"] if loop["val_bpb"] is not None else None,
             "core_metric": loop["core_metric"],
-            "params": {"total": counts["total"], "hc": counts["connections"], "wte": counts["wte"],
+            "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
+                       "hc": counts["connections"], "wte": counts["wte"],
                        "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
                        "transformer_matrices": counts["transformer_matrices"]},
             "hc": config.hc, "hc_streams": config.hc_streams, "hc_factors": config.hc_factors,

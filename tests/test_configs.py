@@ -10,6 +10,7 @@ import pytest
 
 from nanochat import paper_results as paper
 from nanochat import report
+from nanochat.connections.residual import RESID_LR_FRACTION
 from nanochat.train_config import FLAG_NAMES
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
@@ -85,8 +86,15 @@ def test_shared_model_tags_mean_identical_runs():
 def test_paper_hyperparameters(path):
     """Tables 7-8 (tab:hyperparams, tab:scale_specific_hyperparams) and nanochat's SSSL windows."""
     config = load(path)
-    for key in ("total_batch_size", "max_seq_len", "head_dim", "warmdown_ratio", "matrix_lr", "weight_decay", "hc_lr"):
+    for key in ("total_batch_size", "max_seq_len", "head_dim", "warmdown_ratio", "matrix_lr", "weight_decay"):
         assert config[key] == paper.HYPERPARAMS[key], key
+    # The paper's "LR for residual connections": every HC parameter, or nanochat's resid scalar
+    # (scalar_lr * 0.01; x0 trains at scalar_lr itself, which the paper does not list).
+    if config["hc"] == "residual":
+        assert "hc_lr" not in config and config["scalar_lr"] == 0.5
+        assert config["scalar_lr"] * RESID_LR_FRACTION == paper.HYPERPARAMS["hc_lr"]
+    else:
+        assert config["hc_lr"] == paper.HYPERPARAMS["hc_lr"] and "scalar_lr" not in config
     scale = paper.SCALE_HYPERPARAMS[config["depth"]]
     assert config["num_iterations"] == scale["num_iterations"]
     assert config["depth"] * config["aspect_ratio"] == scale["model_dim"]
@@ -135,7 +143,8 @@ def test_cpu_demo_configs():
     """Six tiny runs, one per variant, identical but for the connection settings and tag."""
     configs = [load(p) for p in config_files("cpu")]
     assert sorted(c["hc"] for c in configs) == sorted(VARIANTS)
-    conn_keys = {"hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters", "hc_norm_weight", "model_tag"}
+    conn_keys = {"hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters", "hc_norm_weight", "model_tag",
+                 "hc_lr", "scalar_lr"}
     shared = [{k: v for k, v in c.items() if k not in conn_keys} for c in configs]
     assert all(s == shared[0] for s in shared), "cpu configs differ beyond the connection settings"
     c = shared[0]
@@ -145,6 +154,13 @@ def test_cpu_demo_configs():
     assert c["total_batch_size"] % (c["device_batch_size"] * c["max_seq_len"]) == 0
     assert c["core_metric_every"] == -1 or c["core_metric_max_per_task"] <= 32
     assert all(cfg.get("hc_streams", 4) == paper.PAPER_STREAMS for cfg in configs if cfg["hc"] != "residual")
+    # The connection LRs are scaled like the others: HC at 4x the paper's, residual at 4x nanochat's.
+    by_variant = {cfg["hc"]: cfg for cfg in configs}
+    lr_factor = c["matrix_lr"] / paper.HYPERPARAMS["matrix_lr"]
+    assert all(cfg["hc_lr"] == pytest.approx(lr_factor * paper.HYPERPARAMS["hc_lr"])
+               for cfg in configs if cfg["hc"] != "residual")
+    assert by_variant["residual"]["scalar_lr"] * RESID_LR_FRACTION == pytest.approx(lr_factor * paper.HYPERPARAMS["hc_lr"])
+    assert "hc_lr" not in by_variant["residual"]
 
 
 @pytest.mark.parametrize("path", config_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")

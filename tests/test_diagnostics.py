@@ -199,7 +199,7 @@ def test_residual_composite_is_the_product_of_the_stream_scales():
     model = tiny_gpt("residual", n_layer=3)
     with torch.no_grad():
         for j, layer in enumerate(model.connections.layers[::2]):
-            layer.lambdas[0] = 0.5 + j
+            layer.l_resid.fill_(0.5 + j)
     stats = collect_hc_stats(model, torch.randint(0, VOCAB, (1, 8)))
     assert stats["fwd_gain"] == pytest.approx(0.5 * 1.5 * 2.5)
     assert stats["composite_col_mae"] == pytest.approx(abs(0.5 * 1.5 * 2.5 - 1))

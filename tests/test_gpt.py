@@ -89,8 +89,9 @@ def test_meta_init_is_deterministic_under_seed():
     assert not torch.equal(a["transformer.wte.weight"], c["transformer.wte.weight"])
 
 
-def test_param_groups_cover_every_parameter_once():
-    model = build_model(tiny_config(), "cpu")
+@pytest.mark.parametrize("variant", ["residual", "kromhc"])
+def test_param_groups_cover_every_parameter_once(variant):
+    model = build_model(tiny_config(hc=variant), "cpu")
     groups = model.param_groups()
     seen = [id(p) for g in groups for p in g["params"]]
     assert sorted(seen) == sorted(id(p) for p in model.parameters())
@@ -99,16 +100,19 @@ def test_param_groups_cover_every_parameter_once():
         if g["kind"] == "muon":
             assert not hc_ids & {id(p) for p in g["params"]}, "connection parameters must never reach Muon"
             assert len({tuple(p.shape) for p in g["params"]}) == 1
-    hc_group = next(g for g in groups if g["name"] == "hc")
-    assert {id(p) for p in hc_group["params"]} == hc_ids
-    assert hc_group["lr"] == 0.005 and hc_group["betas"] == (0.8, 0.95) and hc_group["weight_decay"] == 0.0
+    connection = [g for g in groups if g["name"].startswith("hc")]
+    assert {id(p) for g in connection for p in g["params"]} == hc_ids
+    assert all(g["kind"] == "adamw" and g["weight_decay"] == 0.0 for g in connection)
+    if variant != "residual":  # every HC parameter in one group at the paper's LR
+        assert [(g["name"], g["lr"], g["betas"]) for g in connection] == [("hc", 0.005, (0.8, 0.95))]
 
 
 def test_param_counts_partition_model():
     model = build_model(tiny_config(), "cpu")
     counts = model.param_counts()
     assert counts["total"] == sum(p.numel() for p in model.parameters())
-    assert counts["connections"] == 2 * 3  # residual: [l_resid, l_x0] per block
+    assert counts["connections"] == 2 * 3  # residual: l_resid and l_x0 per block
+    assert counts["non_embedding"] == counts["total"] - counts["wte"] - counts["value_embeds"]
 
 
 def test_width_from_depth_matches_nanochat():

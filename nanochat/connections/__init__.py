@@ -4,6 +4,10 @@ The model only ever talks to a `StreamConnections` built here: `expand` turns th
 embedding into the stream state X of shape (B, T, n, C), `layers[j](X, branch, x0)` wraps
 sub-layer j (attention for even j, MLP for odd j), and `reduce` folds the streams back to
 (B, T, C). Adding a variant means adding a module and one line in `VARIANTS`.
+
+Optimizer groups: every connection parameter trains in AdamW at `hc_lr` (the paper's 0.005)
+in one group named "hc", unless the variant's module defines `param_groups(layers, lrs)`
+(the residual baseline does: nanochat's two scalar LRs).
 """
 
 from contextlib import contextmanager
@@ -13,8 +17,9 @@ from torch import nn
 
 from nanochat.connections import hc, kromhc, mhc, mhc_lite, residual
 
-# name -> module exposing `resolve(cfg)` (validate and fill the hc fields in place) and
-# `make_layers(cfg) -> list[nn.Module]` (the 2 * n_layer layers).
+# name -> module exposing `resolve(cfg)` (validate and fill the hc fields in place),
+# `make_layers(cfg) -> list[nn.Module]` (the 2 * n_layer layers) and optionally
+# `param_groups(layers, lrs)`.
 VARIANTS = {
     "residual": residual,
     "hc": hc,
@@ -28,10 +33,20 @@ VARIANTS = {
 class StreamConnections(nn.Module):
     """The n-stream residual state around the transformer's 2 * n_layer sub-layers."""
 
-    def __init__(self, n, layers):
+    def __init__(self, n, layers, groups=None):
         super().__init__()
         self.n = n
         self.layers = nn.ModuleList(layers)
+        self._groups = groups
+
+    def param_groups(self, hc_lr, scalar_lr, hc_betas, x0_betas):
+        """AdamW groups (name, params, lr, betas) covering every connection parameter once.
+        hc_lr: every HC parameter; scalar_lr and x0_betas: the residual baseline's scalars."""
+        if self._groups is not None:
+            lrs = dict(hc_lr=hc_lr, scalar_lr=scalar_lr, hc_betas=hc_betas, x0_betas=x0_betas)
+            return self._groups(self.layers, lrs)
+        params = list(self.parameters())
+        return [dict(name="hc", params=params, lr=hc_lr, betas=hc_betas)] if params else []
 
     def expand(self, x0):
         """(B, T, C) -> (B, T, n, C): every stream starts as a copy of the embedding.
@@ -74,4 +89,5 @@ def resolve_config(cfg):
 
 def build(cfg):
     resolve_config(cfg)
-    return StreamConnections(cfg.hc_streams, VARIANTS[cfg.hc].make_layers(cfg))
+    variant = VARIANTS[cfg.hc]
+    return StreamConnections(cfg.hc_streams, variant.make_layers(cfg), getattr(variant, "param_groups", None))

@@ -4,6 +4,11 @@ Before block i the stream is re-mixed with the embedding, x = l_resid[i] * x + l
 then each sub-layer adds its output, x = x + F(x). The two scalars live on the block's
 first (attention) layer; the MLP layer is a plain residual add. Init l_resid = 1,
 l_x0 = 0 (the paper's appendix; nanochat's own pin used 0.1).
+
+The two scalars train as nanochat trains them (4d8dbaf, nanochat/gpt.py setup_optimizer):
+in separate AdamW groups, x0 at `scalar_lr` (0.5) and resid at `scalar_lr * 0.01` (0.005,
+the paper's "LR for residual connections"). x0 is additive and tolerates a normal LR; resid
+scales the whole stream, so it needs a far smaller one (nanochat's LOG, 2026-01-11).
 """
 
 import torch
@@ -11,25 +16,39 @@ from torch import nn
 
 from nanochat.connections.diagnostics import record_layer
 
+RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
+
 
 class ResidualLayer(nn.Module):
     def __init__(self, block_start):
         super().__init__()
-        # [l_resid, l_x0], only where a block starts; packed so there is one tensor per block.
-        self.lambdas = nn.Parameter(torch.empty(2)) if block_start else None
+        # Only where a block starts; one-element tensors so that every optimizer path
+        # (sharded or replicated) sees an ordinary first dimension.
+        self.l_resid = nn.Parameter(torch.empty(1)) if block_start else None
+        self.l_x0 = nn.Parameter(torch.empty(1)) if block_start else None
         self.capture = None  # a dict while StreamConnections.capture() is active
 
     @torch.no_grad()
     def init_weights(self):
-        if self.lambdas is not None:
-            self.lambdas.copy_(torch.tensor([1.0, 0.0]))
+        if self.l_resid is not None:
+            self.l_resid.fill_(1.0)
+            self.l_x0.fill_(0.0)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints written before the two scalars got separate optimizer groups packed
+        # them as one tensor `lambdas` = [l_resid, l_x0]; they still load for evaluation.
+        packed = state_dict.pop(prefix + "lambdas", None)
+        if packed is not None:
+            state_dict[prefix + "l_resid"] = packed[:1].clone()
+            state_dict[prefix + "l_x0"] = packed[1:].clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, X, branch, x0):
         if self.capture is not None:
             record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
-        if self.lambdas is not None:
-            x = self.lambdas[0] * x + self.lambdas[1] * x0
+        if self.l_resid is not None:
+            x = self.l_resid * x + self.l_x0 * x0
         return (x + branch(x)).unsqueeze(-2)
 
     def coefficients(self, X):
@@ -37,7 +56,7 @@ class ResidualLayer(nn.Module):
         (the x0 re-injection is not a stream mix and is not represented)."""
         shape = X.shape[:-2]
         ones = torch.ones(*shape, 1, device=X.device, dtype=torch.float32)
-        scale = self.lambdas[0].float() if self.lambdas is not None else ones.new_ones(())
+        scale = self.l_resid[0].float() if self.l_resid is not None else ones.new_ones(())
         return ones, ones, (ones * scale).unsqueeze(-1)
 
 
@@ -52,3 +71,13 @@ def resolve(cfg):
 
 def make_layers(cfg):
     return [ResidualLayer(block_start=(j % 2 == 0)) for j in range(2 * cfg.n_layer)]
+
+
+def param_groups(layers, lrs):
+    """nanochat's two scalar groups (see the module docstring); `lrs` as in
+    connections.StreamConnections.param_groups."""
+    starts = [layer for layer in layers if layer.l_resid is not None]
+    return [dict(name="hc_resid", params=[layer.l_resid for layer in starts],
+                 lr=lrs["scalar_lr"] * RESID_LR_FRACTION, betas=lrs["hc_betas"]),
+            dict(name="hc_x0", params=[layer.l_x0 for layer in starts],
+                 lr=lrs["scalar_lr"], betas=lrs["x0_betas"])]
