@@ -28,6 +28,12 @@ PAPER_METHODS = ("residual", "mhc", "mhc_lite", "kromhc")
 PAPER_DEPTHS = (6, 12)
 PAPER_STREAMS = 4
 PAPER_FACTORS = (2, 2)  # KromHC at n = 4 in every main table
+# Model sizes the paper states (section "Experiments": "~60M parameters (D=6) and ~186M
+# parameters (D=12)"), from which it sets its step counts at ~20 tokens per parameter. They
+# match nanochat with a 65,536 vocab and no value embeddings, not nanochat at the pin.
+MODEL_SIZES_M = {6: 60, 12: 186}
+SIZE_MATCHED_LAYOUT = {"vocab_size": 65536, "value_embeds": False}
+PIN_LAYOUT = {"vocab_size": 32768, "value_embeds": True}
 
 
 # --- Table 3 (tab:loss): Delta params, train loss, val bpb, CORE ---------------------------

@@ -4,8 +4,10 @@ stability diagnostics of a trained checkpoint.
 python -m scripts.hc_report --params [--depth D --streams N [--factors 2 2] [--width C]]
 python -m scripts.hc_report --checkpoint RUN_DIR [--step N] [--random-tokens] [--batch-size 4]
 
---params prints the paper's Table 2 parameter column (n = 4, D = 6 and 12), KromHC's
-width-n table (D = 12) and the params-vs-n figure (per HC layer, C = 512, i_k = 2).
+--params prints the model sizes beside the paper's (~60M, ~186M) for both layouts (nanochat at
+the pin; a 65,536 vocab without value embeddings), the paper's ΔParams column (n = 4, D = 6
+and 12), KromHC's width-n table (D = 12) and the params-vs-n figure (per HC layer, C = 512,
+i_k = 2).
 --checkpoint runs one batch of validation tokens through the model, writes hc_stats.json
 in the run directory and prints the per-layer and composite numbers.
 """
@@ -117,7 +119,36 @@ def custom_table(depth, n, factors, width):
             + text_table(["variant", "per layer", "model", "model, no norm w."], rows))
 
 
+def model_size_table():
+    """The paper's stated model sizes beside the two layouts one flag apart (whole model,
+    residual baseline; the HC variants add the Table-3 ΔParams column)."""
+    import torch
+
+    from nanochat.gpt import GPT, model_config_from_depth
+    layouts = (("nanochat at the pin", paper.PIN_LAYOUT), ("size-matched", paper.SIZE_MATCHED_LAYOUT))
+    rows = []
+    for depth in paper.PAPER_DEPTHS:
+        row = [depth, f"~{paper.MODEL_SIZES_M[depth]}M"]
+        for _, layout in layouts:
+            config = model_config_from_depth(depth, layout["vocab_size"], 2048, value_embeds=layout["value_embeds"])
+            with torch.device("meta"):
+                counts = GPT(config).param_counts()
+            row += [f"{counts['total'] / 1e6:.1f}M", f"{counts['non_embedding'] / 1e6:.1f}M"]
+        rows.append(row)
+    header = ["D", "paper"]
+    for name, layout in layouts:
+        header += [f"{name} total", "non-emb."]
+    notes = "; ".join(f"{name}: vocab {layout['vocab_size']:,}, value embeddings {'on' if layout['value_embeds'] else 'off'}"
+                      for name, layout in layouts)
+    return ("Model size (residual baseline, whole model) beside the paper's stated sizes, which set its\n"
+            f"step counts at ~20 tokens per parameter. {notes}.\n"
+            "Non-embedding = total less wte and the value embeddings. The size-matched layout is\n"
+            "`--vocab-size 65536 --value-embeds false` (tokenizer: `tok_train --vocab-size 65536`).\n\n"
+            + text_table(header, rows))
+
+
 def print_params(args):
+    print(model_size_table(), end="\n\n")
     print(main_table(), end="\n\n")
     print(scaling_table(), end="\n\n")
     print(params_vs_n_table())

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from nanochat import checkpoint
 from nanochat.connections.diagnostics import model_hc_params
-from nanochat.gpt import GPTConfig, build_model
+from nanochat.gpt import GPT, GPTConfig, build_model, model_config_from_depth
 from scripts import hc_report
 
 
@@ -23,6 +24,23 @@ def test_params_tables(capsys):
     assert "Largest difference to the paper: 0.19%" in out
     assert "3.39M" in out and "12.09M" in out and "match no parameter convention" in out
     assert "(infeasible)" in out and "n/a (prime > 5)" in out
+
+
+def test_params_model_sizes_beside_the_papers(capsys):
+    """Both layouts at D = 6 and 12 beside the paper's ~60M / ~186M, counted from real models."""
+    hc_report.main(["--params"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.split("Table 3")[0].splitlines()
+            if line.split() and line.split()[0] in ("6", "12")}
+    for depth, paper_size in ((6, "~60M"), (12, "~186M")):
+        expected = [paper_size]
+        for vocab, value_embeds in ((32768, True), (65536, False)):
+            with torch.device("meta"):
+                counts = GPT(model_config_from_depth(depth, vocab, 2048, value_embeds=value_embeds)).param_counts()
+            expected += [f"{counts['total'] / 1e6:.1f}M", f"{counts['non_embedding'] / 1e6:.1f}M"]
+        assert rows[str(depth)][1:] == expected
+    assert rows["6"][2] == "73.5M" and rows["6"][4] == "60.9M"  # nanochat's and the paper's sizes
+    assert "--vocab-size 65536 --value-embeds false" in out
 
 
 def test_params_custom_depth_and_factors(capsys):
