@@ -32,8 +32,12 @@ PAPER_FACTORS = (2, 2)  # KromHC at n = 4 in every main table
 # parameters (D=12)"), from which it sets its step counts at ~20 tokens per parameter. They
 # match nanochat with a 65,536 vocab and no value embeddings, not nanochat at the pin.
 MODEL_SIZES_M = {6: 60, 12: 186}
-SIZE_MATCHED_LAYOUT = {"vocab_size": 65536, "value_embeds": False}
 PIN_LAYOUT = {"vocab_size": 32768, "value_embeds": True}
+SIZE_MATCHED_LAYOUT = {"vocab_size": 65536, "value_embeds": False}
+# Whole-model sizes of the residual baseline in each layout (millions), as our GPT counts
+# them (tests/test_residual_baseline.py rebuilds the models and checks these).
+PIN_SIZES_M = {6: 73.5, 12: 286.3}
+SIZE_MATCHED_SIZES_M = {6: 60.9, 12: 185.6}
 
 
 # --- Table 3 (tab:loss): Delta params, train loss, val bpb, CORE ---------------------------

@@ -629,6 +629,38 @@ def paper_reference():
     return "\n\n".join(text)
 
 
+def fidelity_notes(runs):
+    """What a reader must know before comparing our numbers with the paper's."""
+    sized = sorted(r.name for r in runs if r.found and r.config.get("value_embeds") is False)
+    d6, d12 = (paper.MODEL_SIZES_M[d] for d in (6, 12))
+    pin6, pin12 = (paper.PIN_SIZES_M[d] for d in (6, 12))
+    fit6, fit12 = (paper.SIZE_MATCHED_SIZES_M[d] for d in (6, 12))
+    vocab = paper.SIZE_MATCHED_LAYOUT["vocab_size"]
+    lines = [
+        "- **The Residual row is nanochat's baseline** as nanochat trains it: per-block scalars "
+        "`x = l_resid * x + l_x0 * x0`, init 1 and 0 (the paper's appendix), x0 in AdamW at `--scalar-lr` 0.5 "
+        "and resid at 0.005 (the paper's \"LR for residual connections\"; the paper lists no x0 LR), betas "
+        "(0.8, 0.95), both scaled by the batch-size LR factor. nanochat's pin later used x0 beta1 0.96 and x0 "
+        "init 0.1 (`--x0-beta1 0.96` gives the former). The HC variants train every connection parameter at "
+        "`--hc-lr` 0.005.",
+        f"- **Model size, an open question.** The paper states ~{d6}M (D=6) and ~{d12}M (D=12) parameters and "
+        f"sets its step counts from them (~20 tokens per parameter). nanochat at the pin (vocab 32,768, value "
+        f"embeddings) has {pin6}M / {pin12}M; a {vocab:,}-token vocab without value embeddings has {fit6}M / "
+        f"{fit12}M. Our configs follow nanochat at the pin. The size-matched variant: "
+        f"`python -m scripts.tok_train --vocab-size {vocab}`, then "
+        f"`python -m scripts.base_train --config configs/paper/d12_kromhc.toml --vocab-size {vocab} "
+        "--value-embeds false --model-tag paper_d12_kromhc_sized` (likewise for each config). "
+        + (f"Runs here in that layout: {', '.join(sized)}." if sized else "No run here uses that layout."),
+        "- **By design, unlike the paper's code:** bits per byte count each token's raw bytes "
+        "(nanochat's pin counted byte fragments as U+FFFD, 3 bytes): our bpb reads about +0.05 % higher; "
+        "the validation shard is pinned (`shard_01822`) where nanochat takes whichever sorts last on disk: "
+        "an absolute offset of about ±0.001 bpb shared by every variant; nanochat is assumed at commit "
+        "4d8dbaf (2026-01-30), the last before the paper, although the paper's text (x0 init 0, beta1 0.8) "
+        "matches the code of 2026-01-18 to 01-24 more closely.",
+    ]
+    return "\n".join(lines)
+
+
 def hc_params_per_layer(variant, n, C, factors=None, norm_weight=True):
     """Parameters of one HC layer, from the project's single formula in connections.diagnostics."""
     from nanochat.connections.diagnostics import hc_layer_params
@@ -898,6 +930,7 @@ def write_report(runs, out_dir, reference="residual", notes=()):
     other = other_runs_table(runs, placed)
     if other:
         parts += ["## Other runs", other]
+    parts += ["## Fidelity notes", fidelity_notes(runs)]
     parts += ["## The paper's numbers", paper_reference()]
     readme = out / "README.md"
     readme.write_text("\n\n".join(parts) + "\n")

@@ -264,3 +264,18 @@ def test_paper_delta_params_match_formula():
         C = paper.SCALE_HYPERPARAMS[depth]["model_dim"]
         ours = 2 * depth * hc_layer_params(method, 4, C) / 1e3
         assert abs(ours / result.delta_params_k - 1) < 0.002, (depth, method, ours)
+
+
+def test_fidelity_notes(tmp_path, built):
+    """The residual row's LRs, the model-size question with the command that answers it, and
+    what differs from the paper's code by design; runs in the size-matched layout are named."""
+    notes = section(built[2], "## Fidelity notes")
+    assert "`--scalar-lr` 0.5" in notes and "resid at 0.005" in notes
+    assert f"{paper.PIN_SIZES_M[12]}M" in notes and f"{paper.SIZE_MATCHED_SIZES_M[12]}M" in notes
+    assert "--vocab-size 65536 --value-embeds false" in notes and "No run here uses that layout" in notes
+    assert "+0.05 %" in notes and "±0.001" in notes and "4d8dbaf" in notes
+    root = tmp_path / "runs"
+    runs = [report.load_run(write_run(root, "d12_residual_sized", cfg(12, "residual", value_embeds=False))),
+            report.load_run(write_run(root, "d12_residual", cfg(12, "residual")))]
+    notes = section(report.write_report(runs, tmp_path / "out").read_text(), "## Fidelity notes")
+    assert "Runs here in that layout: d12_residual_sized." in notes

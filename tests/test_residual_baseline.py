@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
+from nanochat import paper_results as paper
 from nanochat.gpt import GPTConfig, build_model, has_value_embedding, model_config_from_depth
 from nanochat.optim import build_optimizer
 
@@ -109,16 +110,18 @@ def test_model_without_value_embeds_trains():
     assert losses[-1] < losses[0] - 0.5
 
 
-@pytest.mark.parametrize("depth,vocab,value_embeds,expected_m", [
-    (6, 32768, True, 73.5), (12, 32768, True, 286.3),    # nanochat at the pin
-    (6, 65536, False, 60.9), (12, 65536, False, 185.6),  # the paper's ~60M / ~186M
-])
-def test_layouts_match_nanochat_and_the_paper_sizes(depth, vocab, value_embeds, expected_m):
+@pytest.mark.parametrize("depth", paper.PAPER_DEPTHS)
+def test_layouts_match_nanochat_and_the_paper_sizes(depth):
+    """nanochat at the pin (32K vocab, value embeddings) has 73.5M / 286.3M parameters; a
+    65,536 vocab without value embeddings has the paper's ~60M / ~186M (60.9M / 185.6M)."""
     from nanochat.gpt import GPT
-    config = model_config_from_depth(depth, vocab, 2048, value_embeds=value_embeds)
-    with torch.device("meta"):
-        total = GPT(config).param_counts()["total"]
-    assert round(total / 1e6, 1) == expected_m
+    for layout, sizes in ((paper.PIN_LAYOUT, paper.PIN_SIZES_M), (paper.SIZE_MATCHED_LAYOUT, paper.SIZE_MATCHED_SIZES_M)):
+        config = model_config_from_depth(depth, layout["vocab_size"], 2048, value_embeds=layout["value_embeds"])
+        with torch.device("meta"):
+            total = GPT(config).param_counts()["total"]
+        assert round(total / 1e6, 1) == sizes[depth]
+    assert abs(paper.SIZE_MATCHED_SIZES_M[depth] / paper.MODEL_SIZES_M[depth] - 1) < 0.02
+    assert paper.PIN_SIZES_M == {6: 73.5, 12: 286.3}  # nanochat's own counts at 4d8dbaf
 
 
 def test_old_checkpoints_load(tmp_path):
