@@ -100,7 +100,7 @@ def check_resume_settings(saved, current, saved_world, world_size):
     changed = sorted(k for k in current if k not in RESUMABLE_CHANGES
                      and saved.get(k, defaults.get(k)) != current[k])
     if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in changed)
+        details = ", ".join(f"{k}: {saved.get(k, defaults.get(k))!r} -> {current[k]!r}" for k in changed)
         raise SystemExit(f"error: --resume with changed settings ({details}). Resume with the run's own "
                          f"config.toml, or start a new run under another --model-tag")
 

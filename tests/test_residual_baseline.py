@@ -154,3 +154,20 @@ def test_old_checkpoints_load(tmp_path):
     idx = torch.randint(0, VOCAB, (2, 16))
     model.eval()
     assert torch.equal(loaded(idx), model(idx))
+
+
+def test_resume_of_runs_saved_before_the_new_settings():
+    """Settings added since a run was saved count as unchanged at their defaults; a residual
+    run whose optimizer held both scalars in one group is refused with the way out."""
+    from nanochat.train_config import parse_args, settings
+    from scripts.base_train import check_resume_groups, check_resume_settings
+
+    current = settings(parse_args(["--hc", "kromhc"]))
+    saved = {k: v for k, v in current.items() if k not in ("scalar_lr", "x0_beta1", "value_embeds")}
+    check_resume_settings(saved, current, 1, 1)
+    check_resume_groups(saved, "kromhc")
+    with pytest.raises(SystemExit, match="value_embeds: True -> False"):
+        check_resume_settings(saved, dict(current, value_embeds=False), 1, 1)
+    with pytest.raises(SystemExit, match="--scalar-lr.*another --model-tag"):
+        check_resume_groups(saved, "residual")
+    check_resume_groups(current, "residual")
