@@ -55,8 +55,10 @@ FLAGS = [
     ("hc_alpha_shared", _bool, True, "KromHC: one alpha_res shared by all factors"),
     ("hc_sk_iters", int, 20, "mHC: Sinkhorn-Knopp iterations"),
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
-    ("hc_recompute", _bool, False, "keep only the connection projection (k+1 numbers per token) and "
+    ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
+    ("hc_kernels", str, "torch", "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
+                                 "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
     ("hc_lr", float, 0.005, "AdamW LR of every connection parameter (paper: 0.005)"),
     ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
     # horizon
@@ -92,7 +94,7 @@ FLAG_NAMES = [name for name, *_ in FLAGS]
 # evaluation cadence only, never the trajectory of the weights.
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
-                     "hc_stats_every", "compile", "device_type", "data_dir"}
+                     "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels"}
 
 
 def build_parser():

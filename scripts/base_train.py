@@ -186,7 +186,8 @@ def main(argv=None):
 
     hc_fields = dict(hc=args.hc, hc_streams=args.hc_streams, hc_factors=args.hc_factors,
                      hc_alpha_shared=args.hc_alpha_shared, hc_sk_iters=args.hc_sk_iters,
-                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute)
+                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute,
+                     hc_kernels=args.hc_kernels)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
                                          args.head_dim, args.window_pattern, **hc_fields)
