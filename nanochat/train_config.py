@@ -57,10 +57,10 @@ FLAGS = [
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
     ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
-    ("hc_kernels", str, "torch", "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
-                                 "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
     ("hc_lr", float, 0.005, "AdamW LR of every connection parameter (paper: 0.005)"),
     ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
+    ("hc_kernels", str, "torch", "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
+                                 "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
     # horizon
     ("num_iterations", int, -1, "explicit number of steps (highest precedence)"),
     ("target_flops", float, -1.0, "compute budget: steps = flops / (flops_per_token * batch)"),
