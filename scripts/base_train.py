@@ -186,11 +186,10 @@ def main(argv=None):
 
     hc_fields = dict(hc=args.hc, hc_streams=args.hc_streams, hc_factors=args.hc_factors,
                      hc_alpha_shared=args.hc_alpha_shared, hc_sk_iters=args.hc_sk_iters,
-                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute,
-                     hc_kernels=args.hc_kernels)
+                     hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
-                                         args.head_dim, args.window_pattern, **hc_fields)
+                                         args.head_dim, args.window_pattern, **hc_fields, hc_kernels=args.hc_kernels)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
