@@ -52,8 +52,8 @@ import torch
 from torch import nn
 
 from nanochat import connections
-from nanochat.connections.ops import KERNELS
 from nanochat.common import synchronize, text_table
+from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
 
 VARIANTS = ("residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
