@@ -22,11 +22,19 @@ if [ -z "${NANOCHAT_EXTRAS:-}" ]; then
     if has_gpu; then NANOCHAT_EXTRAS=dev,kernels; fi
 fi
 stamp="$VENV/.nanochat-setup"
-want="torch=$TORCH_VERSION extras=$NANOCHAT_EXTRAS $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
+state="torch=$TORCH_VERSION $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-    echo "setup_env: $VENV is up to date ($want)"
-    exit 0
+# Up to date: same torch and pins, and every requested extra already installed.
+if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$state" ]; then
+    have=",$(sed -n 2p "$stamp"),"
+    missing=""
+    for extra in ${NANOCHAT_EXTRAS//,/ }; do
+        case "$have" in *",$extra,"*) ;; *) missing=1 ;; esac
+    done
+    if [ -z "$missing" ]; then
+        echo "setup_env: $VENV is up to date ($state, extras $(sed -n 2p "$stamp"))"
+        exit 0
+    fi
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -52,5 +60,5 @@ fi
 # Every other dependency at the version the test suite was run with. torch is already
 # in place and satisfies every floor (liger-kernel asks for torch>=2.1.2), so pip keeps it.
 "${pip[@]}" install -c constraints.txt -e ".[$NANOCHAT_EXTRAS]"
-echo "$want" > "$stamp"
+printf '%s\n%s\n' "$state" "$NANOCHAT_EXTRAS" > "$stamp"
 echo "setup_env: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

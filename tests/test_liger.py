@@ -3,24 +3,19 @@ against the torch path, on CPU tensors in Triton's interpreter, fp32 and tiny sh
 interpreter runs every kernel instance in Python). For every variant: the layer's output
 and the gradients of the streams and of every parameter; a tiny GPT's first training
 steps; bf16 streams; the custom-op registrations (fake and autograd, what torch.compile
-relies on); whole-graph capture; and the configuration errors."""
+relies on); whole-graph capture; and the configuration errors. conftest.py turns the
+interpreter on (TRITON_INTERPRET=1) before triton is first imported."""
 
-import os
+import dataclasses
 
-# Before Liger's kernels are first imported (connections/liger.py imports them lazily):
-# @triton.jit reads it when the kernels are defined.
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+import torch
+import torch._dynamo
 
-import dataclasses  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch._dynamo  # noqa: E402
-
-from nanochat.checkpoint import model_from_state  # noqa: E402
-from nanochat.connections import liger  # noqa: E402
-from nanochat.gpt import GPTConfig, build_model  # noqa: E402
-from test_connections import build_layer, make_branch, randomize, random_streams  # noqa: E402
+from nanochat.checkpoint import model_from_state
+from nanochat.connections import liger
+from nanochat.gpt import GPTConfig, build_model
+from test_connections import build_layer, make_branch, randomize, random_streams
 
 pytest.importorskip("liger_kernel", reason="needs the kernels extra: pip install -e '.[kernels]'")
 # The interpreter evaluates masked-out lanes too: the mm-norm backward divides by their zero
