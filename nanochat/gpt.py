@@ -41,6 +41,7 @@ class GPTConfig:
     hc_sk_iters: int = 20
     hc_norm_weight: bool = True
     hc_recompute: bool = False
+    hc_kernels: str = "torch"  # stream-op backend: torch | liger | auto (connections/ops.py)
 
     def __post_init__(self):
         if self.n_embd % self.n_head:

@@ -57,13 +57,15 @@ FLAGS = [
     ("hc_alpha_shared", _bool, True, "KromHC: one alpha_res shared by all factors"),
     ("hc_sk_iters", int, 20, "mHC: Sinkhorn-Knopp iterations"),
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
-    ("hc_recompute", _bool, False, "keep only the connection projection (k+1 numbers per token) and "
+    ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
     ("hc_lr", float, 0.005, "AdamW LR of every HC connection parameter (paper: 0.005); not used by residual"),
     ("scalar_lr", float, 0.5, "residual baseline, as nanochat: AdamW LR of the x0 scalars; the resid scalars "
                               "train at scalar_lr * 0.01 (= 0.005, the paper's LR for residual connections)"),
     ("x0_beta1", float, 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
     ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
+    ("hc_kernels", str, "torch", "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
+                                 "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
     # horizon
     ("num_iterations", int, -1, "explicit number of steps (highest precedence)"),
     ("target_flops", float, -1.0, "compute budget: steps = flops / (flops_per_token * batch)"),
@@ -97,7 +99,7 @@ FLAG_NAMES = [name for name, *_ in FLAGS]
 # evaluation cadence only, never the trajectory of the weights.
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
-                     "hc_stats_every", "compile", "device_type", "data_dir"}
+                     "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels"}
 
 
 def build_parser():

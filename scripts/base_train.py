@@ -210,7 +210,7 @@ def main(argv=None):
                      value_embeds=args.value_embeds)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
-                                         args.head_dim, args.window_pattern, **hc_fields)
+                                         args.head_dim, args.window_pattern, **hc_fields, hc_kernels=args.hc_kernels)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"

@@ -11,6 +11,10 @@ Two benchmarks, forward + backward each (no optimizer step):
   model  the whole GPT (--depth, --width or --aspect-ratio, --head-dim, --seq-len,
          --batch, --vocab-size) on random tokens: loss, then backward.
 
+Backends: --hc-kernels torch,liger benches every HC variant once per stream-op backend
+(`hc_kernels`: the ops of nanochat/connections/ops.py, or Liger-Kernel's fused Triton
+kernels, CUDA only); `x torch` is each row's time over the same variant's torch row.
+
 Timing: --warmup untimed steps per variant, then --reps timed steps, interleaved across
 variants (each repetition times every variant once, in rotating order) so that load
 changes on a shared machine hit all variants alike. Reported: the median, min, max and
@@ -31,6 +35,8 @@ On this CPU (eager fp32, one thread by default):
 On a GPU (bf16 autocast by default on CUDA):
   python -m scripts.bench --device cuda --compile --depth 12 --seq-len 2048 --batch 16 --out bench_d12.json
   python -m scripts.bench --device cuda --compile --depth 12 --seq-len 2048 --batch 16 --recompute both
+  python -m scripts.bench --device cuda --compile --bench layer --width 768 --seq-len 2048 --batch 32 \
+      --variants residual hc_identity mhc kromhc --hc-kernels torch,liger
 """
 
 import argparse
@@ -47,6 +53,7 @@ from torch import nn
 
 from nanochat import connections
 from nanochat.common import synchronize, text_table
+from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
 
 VARIANTS = ("residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
@@ -64,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--sk-iters", type=int, default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
     p.add_argument("--recompute", choices=("off", "on", "both"), default="off",
                    help="hc_recompute for the HC variants; 'both' benches each variant with and without")
+    p.add_argument("--hc-kernels", type=kernel_list, default=["torch"], metavar="K[,K]",
+                   help="stream-op backends to compare, e.g. torch,liger (default torch; liger needs CUDA and "
+                        "pip install -e '.[kernels]')")
     p.add_argument("--bench", choices=("layer", "model", "both"), default="both")
     p.add_argument("--branch", choices=("linear", "scale"), default="linear", help="the layer benchmark's F")
     p.add_argument("--batch", type=int, default=4, help="B, sequences per step (default 4)")
@@ -95,6 +105,14 @@ def parse_args(argv=None):
     return args
 
 
+def kernel_list(text):
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in names if k not in KERNELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(KERNELS)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
 # ----- building what is timed -----
 
 def model_width(args):
@@ -103,7 +121,7 @@ def model_width(args):
     return math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
 
 
-def make_config(args, variant, recompute, n_layer):
+def make_config(args, variant, recompute, n_layer, kernels="torch"):
     C = model_width(args)
     hc = variant != "residual"
     try:
@@ -111,7 +129,7 @@ def make_config(args, variant, recompute, n_layer):
                          n_head=C // args.head_dim, n_kv_head=C // args.head_dim, n_embd=C,
                          window_pattern=args.window_pattern, hc=variant, hc_streams=args.streams if hc else 0,
                          hc_factors=list(args.factors) if variant == "kromhc" else [],
-                         hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc)
+                         hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc, hc_kernels=kernels)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -133,9 +151,10 @@ class LayerUnderTest(nn.Module):
         return self.layer(X, self.branch, x0)
 
 
-def layer_case(args, variant, recompute, device, dtype, autocast):
-    """dict(module, step, forward, tokens, n) for one layer on random streams."""
-    cfg = make_config(args, variant, recompute, n_layer=1)
+def layer_case(args, variant, recompute, device, dtype, autocast, kernels="torch"):
+    """dict(module, step, forward, tokens, n) for one layer on random streams, its stream
+    ops on the `kernels` backend (hc_kernels)."""
+    cfg = make_config(args, variant, recompute, n_layer=1, kernels=kernels)
     conn = connections.build(cfg)
     conn.to(device)
     conn.init_weights()
@@ -159,8 +178,8 @@ def layer_case(args, variant, recompute, device, dtype, autocast):
     return dict(module=module, step=step, forward=forward, tokens=B * T, n=n)
 
 
-def model_case(args, variant, recompute, device, dtype, autocast):
-    cfg = make_config(args, variant, recompute, n_layer=args.depth)
+def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch"):
+    cfg = make_config(args, variant, recompute, n_layer=args.depth, kernels=kernels)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
     g = torch.Generator(device=device).manual_seed(args.seed)
@@ -238,14 +257,19 @@ def summarize(seconds, tokens):
 
 
 def add_ratios(rows):
-    """time_vs_residual / time_vs_mhc: median step time over that of `residual` (same
-    benchmark) and of `mhc` (same benchmark and recompute setting); None when absent."""
+    """time_vs_residual / time_vs_mhc / time_vs_torch: median step time over that of
+    `residual` (same benchmark), of `mhc` (same benchmark, recompute setting and backend)
+    and of the same variant on the torch backend; None when absent."""
     for row in rows:
         peers = [r for r in rows if r["bench"] == row["bench"]]
         base = next((r for r in peers if r["variant"] == "residual"), None)
-        mhc = next((r for r in peers if r["variant"] == "mhc" and r["recompute"] == row["recompute"]), None)
+        mhc = next((r for r in peers if r["variant"] == "mhc" and r["recompute"] == row["recompute"]
+                    and r["kernels"] == row["kernels"]), None)
+        torch_row = next((r for r in peers if r["variant"] == row["variant"] and r["recompute"] == row["recompute"]
+                          and r["kernels"] == "torch"), None)
         row["time_vs_residual"] = row["median_ms"] / base["median_ms"] if base else None
         row["time_vs_mhc"] = row["median_ms"] / mhc["median_ms"] if mhc else None
+        row["time_vs_torch"] = row["median_ms"] / torch_row["median_ms"] if torch_row else None
         if row["bench"] == "model":
             # What each connection layer adds to activation memory over the baseline.
             row["extra_saved_bytes_per_layer"] = ((row["saved_bytes"] - base["saved_bytes"]) / row["hc_layers"]
@@ -254,19 +278,23 @@ def add_ratios(rows):
 
 
 def run_bench(args, bench, device, dtype, autocast):
+    """Rows of one benchmark ("layer" or "model"): every variant of args.variants, with and
+    without recompute as args.recompute says, on every backend of args.hc_kernels (residual
+    has no stream ops: torch only)."""
     build = layer_case if bench == "layer" else model_case
     settings = [False, True] if args.recompute == "both" else [args.recompute == "on"]
     cases = {}
     for variant in args.variants:
         for recompute in settings if variant != "residual" else [False]:
-            label = variant + (" +recompute" if recompute else "")
-            cases[label] = dict(variant=variant, recompute=recompute,
-                                **build(args, variant, recompute, device, dtype, autocast))
+            for kernels in args.hc_kernels if variant != "residual" else ["torch"]:
+                label = variant + (" +recompute" if recompute else "") + (f" [{kernels}]" if kernels != "torch" else "")
+                cases[label] = dict(variant=variant, recompute=recompute, kernels=kernels,
+                                    **build(args, variant, recompute, device, dtype, autocast, kernels))
     times = time_interleaved(cases, args.warmup, args.reps, device)
     rows = []
     for label, case in cases.items():
         rows.append({"bench": bench, "label": label, "variant": case["variant"], "recompute": case["recompute"],
-                     "n": case["n"], "hc_layers": 2 * args.depth if bench == "model" else 1,
+                     "kernels": case["kernels"], "n": case["n"], "hc_layers": 2 * args.depth if bench == "model" else 1,
                      **summarize(times[label], case["tokens"]),
                      "saved_bytes": saved_tensor_bytes(case["module"], case["forward"]),
                      "peak_step_mib": peak_step_mib(case["module"], case["step"], device)})
@@ -291,7 +319,8 @@ def print_table(rows, bench, args):
         title = f"whole model, depth {args.depth} C={C} head_dim={args.head_dim} T={args.seq_len} B={args.batch} " \
                 f"vocab={args.vocab_size}"
         mem_head = "saved MiB (extra/HC layer)"
-    header = ["variant", "n", "median ms", "spread", "min-max ms", "tok/s", "x residual", "x mhc", mem_head, "peak MiB"]
+    header = ["variant", "n", "median ms", "spread", "min-max ms", "tok/s", "x residual", "x mhc", "x torch", mem_head,
+              "peak MiB"]
     lines = []
     for r in rows:
         saved = f"{r['saved_bytes'] / 2**20:.2f}"
@@ -299,7 +328,8 @@ def print_table(rows, bench, args):
             saved += f" ({r['extra_saved_bytes_per_layer'] / 2**20:+.2f})"
         lines.append([r["label"], str(r["n"]), f"{r['median_ms']:.2f}", f"{r['spread_pct']:.1f}%",
                       f"{r['min_ms']:.1f}-{r['max_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
-                      fmt(r["time_vs_residual"], ".3f"), fmt(r["time_vs_mhc"], ".3f"), saved,
+                      fmt(r["time_vs_residual"], ".3f"), fmt(r["time_vs_mhc"], ".3f"), fmt(r["time_vs_torch"], ".3f"),
+                      saved,
                       fmt(r["peak_step_mib"], ".1f")])
     print(f"\n{title}")
     print(text_table(header, lines))
@@ -311,6 +341,9 @@ def resolve_device(args):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is visible; use --device cpu")
+    if name != "cuda" and "liger" in args.hc_kernels and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("error: --hc-kernels liger runs Triton kernels, which need --device cuda "
+                         "(TRITON_INTERPRET=1 runs them on CPU, for checking only)")
     device = torch.device(name)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if name == "cuda" else torch.float32)
     if name == "cuda":

@@ -6,25 +6,42 @@
 # the build here (CUDA wheel when nvidia-smi sees a GPU, CPU wheel otherwise), then
 # install the package with every other dependency pinned by constraints.txt.
 # Idempotent: a second run only checks that everything is in place.
+#
+# Extras (pyproject.toml): NANOCHAT_EXTRAS, default "dev", plus "kernels" (Liger-Kernel and
+# Triton, for --hc-kernels liger) on a GPU machine. scripts/test.sh asks for
+# "dev,kernels" so that the kernel tests run on CPU too (Triton's interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+if [ -z "${NANOCHAT_EXTRAS:-}" ]; then
+    NANOCHAT_EXTRAS=dev
+    if has_gpu; then NANOCHAT_EXTRAS=dev,kernels; fi
+fi
 stamp="$VENV/.nanochat-setup"
-want="torch=$TORCH_VERSION $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
+state="torch=$TORCH_VERSION $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-    echo "setup_env: $VENV is up to date ($want)"
-    exit 0
+# Up to date: same torch and pins, and every requested extra already installed.
+if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$state" ]; then
+    have=",$(sed -n 2p "$stamp"),"
+    missing=""
+    for extra in ${NANOCHAT_EXTRAS//,/ }; do
+        case "$have" in *",$extra,"*) ;; *) missing=1 ;; esac
+    done
+    if [ -z "$missing" ]; then
+        echo "setup_env: $VENV is up to date ($state, extras $(sed -n 2p "$stamp"))"
+        exit 0
+    fi
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if has_gpu; then
         echo "setup_env: GPU found, installing CUDA torch==$TORCH_VERSION"
         "${pip[@]}" install "torch==$TORCH_VERSION"
     else
@@ -40,7 +57,8 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
     fi
 fi
 
-# Every other dependency at the version the test suite was run with.
-"${pip[@]}" install -c constraints.txt -e '.[dev]'
-echo "$want" > "$stamp"
+# Every other dependency at the version the test suite was run with. torch is already
+# in place and satisfies every floor (liger-kernel asks for torch>=2.1.2), so pip keeps it.
+"${pip[@]}" install -c constraints.txt -e ".[$NANOCHAT_EXTRAS]"
+printf '%s\n%s\n' "$state" "$NANOCHAT_EXTRAS" > "$stamp"
 echo "setup_env: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

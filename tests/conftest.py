@@ -7,10 +7,18 @@ small_corpus_dir    ~300 of its documents in many small shards and row groups (1
 tokenizer_dir       a 512-token BPE trained on the offline corpus (with token_bytes.pt)
 """
 
-import pytest
+import os
 
-from nanochat.dataset import build_offline_corpus, parquets_iter_batched, write_corpus
-from nanochat.tokenizer import Tokenizer
+# Triton's interpreter, so that the fused-kernel tests (test_liger.py) run Liger's Triton
+# kernels on CPU tensors. It must be set before triton is first imported (torch._dynamo
+# imports it; triton.language defines its own jit helpers at import), hence here, before
+# any test module. The suite is CPU-only: nothing else runs Triton.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from nanochat.dataset import build_offline_corpus, parquets_iter_batched, write_corpus  # noqa: E402
+from nanochat.tokenizer import Tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

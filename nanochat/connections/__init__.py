@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import hc, kromhc, mhc, mhc_lite, residual
+from nanochat.connections import hc, kromhc, mhc, mhc_lite, ops, residual
 
 # name -> module exposing `resolve(cfg)` (validate and fill the hc fields in place),
 # `make_layers(cfg) -> list[nn.Module]` (the 2 * n_layer layers) and optionally
@@ -85,6 +85,7 @@ def resolve_config(cfg):
     if cfg.hc not in VARIANTS:
         raise ValueError(f"unknown connection variant hc={cfg.hc!r}; choose one of {', '.join(VARIANTS)}")
     VARIANTS[cfg.hc].resolve(cfg)
+    ops.resolve_kernels(cfg)
 
 
 def build(cfg):

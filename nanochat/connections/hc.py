@@ -30,7 +30,8 @@ the streams keep X's dtype; pre and post mixes accumulate in fp32 and round once
 
 Cost: the projection and the two mixes, each a pass over X, are the layer's whole
 memory-bound work; they live in ops.py (fused autograd Functions in eager mode, plain
-fusible ops under torch.compile). Everything between them is k numbers per token.
+fusible ops under torch.compile, or Liger's Triton kernels with hc_kernels = liger).
+Everything between them is k numbers per token.
 """
 
 import torch
@@ -38,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanochat.connections.diagnostics import record_layer
-from nanochat.connections.ops import mix_post, mix_pre, project
+from nanochat.connections.ops import mix_post, mix_pre, rms_project
 
 DEFAULT_STREAMS = 4
 ALPHA_INIT = 0.01
@@ -55,11 +56,12 @@ class HyperConnection(nn.Module):
     a_res scalar (empty: no res columns). Subclasses implement `res_bias_init()` and
     `h_res(res_logits)`."""
 
-    def __init__(self, layer_index, n, C, res_groups=(), norm_weight=True, recompute=False):
+    def __init__(self, layer_index, n, C, res_groups=(), norm_weight=True, recompute=False, kernels="torch"):
         super().__init__()
         self.layer_index, self.n, self.C = layer_index, n, C
         self.res_groups = tuple(res_groups)
         self.recompute = recompute
+        self.kernels = kernels  # hc_kernels, handed to the ops (which pick the backend)
         k = 2 * n + sum(self.res_groups)
         # (n*C, k): the large dim first, the one a sharded optimizer splits.
         self.weight = nn.Parameter(torch.empty(n * C, k))
@@ -85,46 +87,45 @@ class HyperConnection(nn.Module):
         return torch.zeros(0)
 
     def projection(self, X):
-        """(x W, mean(x^2)) for x = vec(X), the RMSNorm weight folded into W: (B, T, k) and
-        (B, T, 1) fp32. Dividing by the RMS after the matmul is exact (one scalar per token)
-        and lets the projection read X once. Call with autocast off."""
+        """x' W for x' = RMSNorm(vec(X)), the norm's weight folded into W: (B, T, k) fp32,
+        from one read of X (ops.rms_project). Call with autocast off."""
         w = self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
-        return project(X.flatten(-2), w)
+        return rms_project(X, w, RMS_EPS, self.kernels)
 
-    def logits_from(self, xw, ss):
+    def logits_from(self, xw):
         """a * (x' W) + b for all 2n + R columns, from the projection: (B, T, k) fp32."""
         sizes = (self.n, self.n, *self.res_groups)
         scale = torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
-        return torch.addcmul(self.bias, xw * torch.rsqrt(ss + RMS_EPS), scale)
+        return torch.addcmul(self.bias, xw, scale)
 
     def logits(self, X):
-        return self.logits_from(*self.projection(X))
+        return self.logits_from(self.projection(X))
 
-    def gates(self, xw, ss):
+    def gates(self, xw):
         """(h_pre, h_post, h_res) from the projection (everything after the matmul)."""
         n = self.n
-        z = self.logits_from(xw, ss)
+        z = self.logits_from(xw)
         return torch.sigmoid(z[..., :n]), 2 * torch.sigmoid(z[..., n:2 * n]), self.h_res(z[..., 2 * n:])
 
     def coefficients(self, X):
         """(h_pre (B,T,n), h_post (B,T,n), h_res (B,T,n,n)), fp32, H-convention."""
         with torch.autocast(X.device.type, enabled=False):
-            return self.gates(*self.projection(X))
+            return self.gates(self.projection(X))
 
     def forward(self, X, branch, x0=None):
         with torch.autocast(X.device.type, enabled=False):
-            xw, ss = self.projection(X)
+            xw = self.projection(X)
             if self.recompute:
-                # Keep only the k + 1 projection numbers per token for backward and recompute
+                # Keep only the k projection numbers per token for backward and recompute
                 # the gates and H_res from them (logits, sigmoids, softmax weights, the
                 # Kronecker products): a few small ops, no second pass over X.
-                h_pre, h_post, h_res = checkpoint(self.gates, xw, ss, use_reentrant=False)
+                h_pre, h_post, h_res = checkpoint(self.gates, xw, use_reentrant=False)
             else:
-                h_pre, h_post, h_res = self.gates(xw, ss)
+                h_pre, h_post, h_res = self.gates(xw)
         if self.capture is not None:
             record_layer(self.capture, X, h_pre, h_post, h_res)
-        y = branch(mix_pre(h_pre, X))
-        return mix_post(self.mix_matrix(h_res), X, h_post, y)
+        y = branch(mix_pre(h_pre, X, self.kernels))
+        return mix_post(self.mix_matrix(h_res), X, h_post, y, self.kernels)
 
     def mix_matrix(self, h_res):
         """The H_res the post mix applies; None stands for the identity (no matmul)."""
@@ -175,7 +176,7 @@ def resolve_streams(cfg, max_streams=None):
 
 
 def layer_options(cfg):
-    return dict(norm_weight=cfg.hc_norm_weight, recompute=cfg.hc_recompute)
+    return dict(norm_weight=cfg.hc_norm_weight, recompute=cfg.hc_recompute, kernels=cfg.hc_kernels)
 
 
 def resolve(cfg):

@@ -18,6 +18,10 @@ backward itself and its partitioner keeps bf16 X rather than an fp32 copy.
 Every forward and backward runs with autocast off: the matmuls here must stay in fp32,
 which autocast would round to the compute dtype.
 
+Backends (`hc_kernels`, DESIGN.md section 9): the choice between these ops and Liger's
+fused Triton kernels (liger.py) is made here, in `uses_liger`, and nowhere else; the
+layers only pass their config's choice along.
+
 Shapes: X (..., n, C); h_pre, h_post (..., n) fp32; h_res (..., n, n) fp32 or None for
 the identity; y (..., C). Arithmetic runs in the dtype of the coefficients (W, h_pre,
 h_post: fp32 in the model; float64 in gradient checks); gradients come back in each
@@ -25,6 +29,10 @@ input's dtype.
 """
 
 import torch
+
+from nanochat.connections import liger
+
+KERNELS = ("torch", "liger", "auto")
 
 
 def no_autocast(t):
@@ -118,6 +126,30 @@ class MixPost(torch.autograd.Function):
         return g_res, g_X, g_post, g_y
 
 
+def resolve_kernels(cfg):
+    """Check cfg.hc_kernels at configuration time: one clear ValueError per mistake."""
+    if cfg.hc_kernels not in KERNELS:
+        raise ValueError(f"unknown hc_kernels={cfg.hc_kernels!r}; choose one of {', '.join(KERNELS)}")
+    if cfg.hc_kernels == "liger" and cfg.hc_streams > 1:
+        liger.check(cfg.hc_streams)
+
+
+def uses_liger(kernels, X):
+    """torch: the ops below; liger: Liger's kernels; auto: Liger's where they can serve
+    (CUDA streams, Liger installed, n a power of two), else torch."""
+    return kernels == "liger" or (kernels == "auto" and liger.serves(X))
+
+
+def rms_project(X, w, eps, kernels="torch"):
+    """x' W, x' = x / sqrt(mean(x^2) + eps) for x = vec(X) over a token's n*C values:
+    (..., k) fp32. The division comes after the matmul (exact: one scalar per token), so
+    that X is read once."""
+    if uses_liger(kernels, X):
+        return liger.rms_project(X.flatten(-2), w, eps)
+    xw, ss = project(X.flatten(-2), w)
+    return xw * torch.rsqrt(ss + eps)
+
+
 def project(x, w):
     if torch.compiler.is_compiling():
         # Plain ops: the compiler's partitioner then keeps x in its own dtype (traced, the
@@ -128,13 +160,17 @@ def project(x, w):
     return Project.apply(x, w)
 
 
-def mix_pre(h_pre, X):
+def mix_pre(h_pre, X, kernels="torch"):
+    if uses_liger(kernels, X):
+        return liger.mix_pre(h_pre, X)
     if torch.compiler.is_compiling():
         return stream_sum(h_pre[..., None], X).to(X.dtype)
     return MixPre.apply(h_pre, X)
 
 
-def mix_post(h_res, X, h_post, y):
+def mix_post(h_res, X, h_post, y, kernels="torch"):
+    if uses_liger(kernels, X):
+        return liger.mix_post(h_res, X, h_post, y)
     if torch.compiler.is_compiling():
         out = h_post[..., None] * y[..., None, :]
         out = out + (X if h_res is None else stream_sum(h_res[..., None], X[..., None, :, :]))
