@@ -173,7 +173,7 @@ def main(argv=None):
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader
-    from nanochat.dataset import DatasetError, check_enough_data
+    from nanochat.data.shards import DatasetError, check_enough_data
     from nanochat.optim import build_optimizer
     from nanochat.tokenizer import get_token_bytes, get_tokenizer
 

@@ -8,7 +8,7 @@ python -m scripts.tok_train [--vocab-size 32768] [--max-chars 2e9] [--doc-cap 10
 import argparse
 import time
 
-from nanochat.dataset import DatasetError, data_dir, list_parquet_files, parquets_iter_batched, read_marker
+from nanochat.data.shards import DatasetError, data_dir, list_parquet_files, parquets_iter_batched, read_marker
 from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer, default_tokenizer_dir
 
 # Exercises what a tokenizer most often gets wrong: specials written as text, multi-byte

@@ -9,7 +9,8 @@ tokenizer_dir       a 512-token BPE trained on the offline corpus (with token_by
 
 import pytest
 
-from nanochat.dataset import build_offline_corpus, parquets_iter_batched, write_corpus
+from nanochat.data.local import build_offline_corpus, write_corpus
+from nanochat.data.shards import parquets_iter_batched
 from nanochat.tokenizer import Tokenizer
 
 
