@@ -117,7 +117,7 @@ def _check_args(parser, args):
     if args.from_hf is None:
         given = [f"--{k.replace('_', '-')}" for k in HF_FLAGS if getattr(args, k) is not None]
         if given:
-            parser.error(f"{', '.join(given)} only apply with --from-hf NAME")
+            parser.error(f"{', '.join(given)}: options of --from-hf NAME; add it, or drop them")
     elif args.shuffle_buffer is not None and args.shuffle_seed is None:
         parser.error("--shuffle-buffer needs --shuffle-seed S (without a seed the stream is not shuffled)")
 

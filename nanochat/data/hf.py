@@ -23,8 +23,8 @@ import shlex
 import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
-from nanochat.data.shards import (MARKER, ROW_GROUP_DOCS, VAL_SHARD, DatasetError, data_dir as _data_dir, read_marker,
-                                  shard_name, shards_in, write_marker, write_shard)
+from nanochat.data.shards import (MARKER, ROW_GROUP_DOCS, VAL_SHARD, DatasetError, data_dir as _data_dir,
+                                  describe_corpus, read_marker, shard_name, shards_in, write_marker, write_shard)
 
 SOURCE = "hf"
 SHARD_DOCS = 50 * ROW_GROUP_DOCS  # 51,200 documents, about one FineWeb-Edu shard of web text
@@ -36,20 +36,6 @@ LOCK = ".convert.lock"
 # with the same values, and a directory holds one of them.
 IDENTITY = ("dataset", "config", "split", "data_files", "revision", "text_column", "shuffle_seed", "shuffle_buffer",
             "val_docs", "shard_docs")
-
-
-def describe(marker):
-    """One line naming a converted corpus, e.g. `HuggingFaceFW/fineweb (config sample-10BT,
-    split train, revision 1a2b3c4d)`."""
-    parts = [f"config {marker['config']}"] if marker.get("config") else []
-    parts.append(f"split {marker.get('split', 'train')}")
-    if marker.get("data_files"):
-        parts.append("files " + " ".join(marker["data_files"]))
-    if marker.get("revision"):
-        parts.append(f"revision {marker['revision'][:12]}")
-    if marker.get("shuffle_seed") is not None:
-        parts.append(f"shuffled (seed {marker['shuffle_seed']}, buffer {marker['shuffle_buffer']:,})")
-    return f"{marker.get('dataset')} ({', '.join(parts)})"
 
 
 def command(settings, data_dir):
@@ -135,7 +121,7 @@ def _claim(directory, settings):
                            "would mix two corpora. Use another --data-dir, or delete it first.")
     differ = [k for k in IDENTITY if settings[k] != marker.get(k) and not (k == "revision" and settings[k] is None)]
     if differ:
-        raise DatasetError(f"{directory} holds another conversion, {describe(marker)}, which differs in "
+        raise DatasetError(f"{directory} holds another conversion, {describe_corpus(marker)}, which differs in "
                            f"{', '.join(differ)}: use another --data-dir, or delete it first.")
     return marker
 
@@ -189,7 +175,7 @@ def convert(dataset, data_dir=None, config=None, split="train", data_files=None,
                     return marker
                 # A larger limit extends the corpus from its last full shard; a smaller one would not
                 # give the corpus that a conversion with that limit gives.
-                if any(old is None or (new is not None and new < old) for _, old, new in limits):
+                if any(old != new and (old is None or (new is not None and new < old)) for _, old, new in limits):
                     raise DatasetError(f"{directory} holds a complete conversion with --max-docs {marker.get('max_docs')} "
                                        f"--max-chars {marker.get('max_chars')}; a smaller limit needs another --data-dir")
         return _convert(directory, settings, marker)
@@ -204,7 +190,8 @@ def _convert(directory, settings, marker):
     resumed = state["rows_read"]
     info = {"source": SOURCE, **settings, "rows_per_group": ROW_GROUP_DOCS}
     write_marker(directory, {**info, "complete": False, "checkpoint": state})  # claims the directory
-    print(f"Converting {describe(settings)} into {directory}"
+    name = describe_corpus(info)
+    print(f"Converting {name} into {directory}"
           + (f", resuming after {resumed:,} rows ({state['train_shards']} train shards kept)" if resumed else ""),
           flush=True)
 
@@ -284,7 +271,7 @@ def _convert(directory, settings, marker):
     marker = {**info, **final, "complete": True, "checkpoint": saved}
     write_marker(directory, marker)
     skipped = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in state["skipped"].items())
-    print(f"Converted {describe(settings)}: {final['train_documents']:,} train documents in {final['train_shards']} "
-          f"shards + {final['val_documents']:,} val ({shard_name(VAL_SHARD)}), {final['characters']:,} characters; "
+    print(f"Converted {name}: {final['train_documents']:,} train documents in {final['train_shards']} shards "
+          f"+ {final['val_documents']:,} val ({shard_name(VAL_SHARD)}), {final['characters']:,} characters; "
           f"skipped {skipped}", flush=True)
     return marker

@@ -76,6 +76,40 @@ def corpus_source(directory):
     return (read_marker(directory) or {}).get("source", "fineweb-edu")
 
 
+def describe_corpus(marker):
+    """One line naming the corpus a marker describes, e.g. `HuggingFaceFW/fineweb (config
+    sample-10BT, split train, revision 1a2b3c4d5e6f)`; None is FineWeb-Edu (see corpus_source)."""
+    marker = marker or {"source": "fineweb-edu"}
+    source = marker.get("source")
+    if source == "fineweb-edu":
+        return "FineWeb-Edu (nanochat's shards, as in the paper)"
+    if source == "offline":
+        return f"the offline corpus (Python {marker.get('python', '?')} documentation; not comparable to the paper)"
+    if source == "text":
+        return "local text files (" + " ".join(marker.get("inputs", [])) + ")"
+    if source != "hf":
+        return repr(source)
+    parts = [f"config {marker['config']}"] if marker.get("config") else []
+    parts.append(f"split {marker.get('split') or 'train'}")
+    if marker.get("data_files"):
+        parts.append("files " + " ".join(marker["data_files"]))
+    if marker.get("revision"):
+        parts.append(f"revision {marker['revision'][:12]}")
+    if marker.get("shuffle_seed") is not None:
+        parts.append(f"shuffled (seed {marker['shuffle_seed']}, buffer {marker['shuffle_buffer']:,})")
+    if marker.get("documents"):
+        parts.append(f"{marker['documents']:,} documents")
+    return f"{marker.get('dataset')} ({', '.join(parts)})"
+
+
+def corpus_record(data_dir=None):
+    """What a run trains on, for its run directory: the data dir, its marker (without the
+    conversion's resume state) and the one-line description."""
+    directory = _data_dir(data_dir)
+    marker = {k: v for k, v in (read_marker(directory) or {"source": "fineweb-edu"}).items() if k != "checkpoint"}
+    return {"data_dir": directory, "description": describe_corpus(marker), "marker": marker}
+
+
 def shards_in(directory):
     if not os.path.isdir(directory):
         return []
