@@ -288,3 +288,28 @@ def test_tokenizer_and_model_train_on_a_converted_corpus(tmp_path, source, token
     assert corpus["marker"]["dataset"] == "json" and corpus["data_dir"] == str(data)
     readme = report.write_report([report.load_run(run)], tmp_path / "report")
     assert f"- Trained on json (split train, files {source}/*.jsonl, 120 documents): hf" in readme.read_text()
+
+
+def test_a_failing_source_says_how_to_resume(tmp_path, source, docs):
+    (source / "b.jsonl").write_text((source / "b.jsonl").read_text() + "{this is not json\n")
+    with pytest.raises(SystemExit, match=r"error: reading json failed \(.*\): run the same command again to resume"):
+        convert(source, tmp_path / "out", "--val-docs", "5", "--shard-docs", "20")
+    marker = json.load(open(tmp_path / "out" / MARKER))
+    assert marker["complete"] is False and marker["checkpoint"]["train_shards"] >= 1
+
+
+def test_a_shuffled_conversion_resumes_only_with_its_datasets_version(tmp_path, source):
+    flags = ["--val-docs", "5", "--shard-docs", "10", "--shuffle-seed", "0"]
+    convert(source, tmp_path / "out", *flags, "--max-docs", "30")
+    marker = json.load(open(tmp_path / "out" / MARKER))
+    json.dump(dict(marker, datasets_version="1.0.0"), open(tmp_path / "out" / MARKER, "w"))
+    with pytest.raises(SystemExit, match=r"made with datasets 1.0.0.*pip install datasets==1.0.0"):
+        convert(source, tmp_path / "out", *flags, "--max-docs", "60")
+
+
+def test_the_hub_revision_is_read_from_the_resolved_files():
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    resolved = type("Config", (), {"data_files": {"train": [f"hf://datasets/org/name@{sha}/data/train-0.parquet"]}})
+    assert hf._revision_of(type("Builder", (), {"config": resolved})) == sha
+    local = type("Config", (), {"data_files": {"train": ["/data/a.jsonl"]}})
+    assert hf._revision_of(type("Builder", (), {"config": local})) is None

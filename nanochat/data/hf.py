@@ -16,6 +16,7 @@ corpus, or another conversion, is refused by name.
 """
 
 import glob
+import importlib.metadata
 import os
 import re
 import shlex
@@ -87,6 +88,27 @@ def _revision_of(builder):
     return None
 
 
+def _summary(error):
+    """`Type: first line of the message`: the library's messages can run to pages."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _rows(stream, name):
+    """The stream's rows; a failure of the source (network, a malformed file) becomes a
+    DatasetError that says how to go on."""
+    rows = iter(stream)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception as e:  # raised from inside `datasets`, of many types
+            raise DatasetError(f"reading {name} failed ({_summary(e)}): run the same command again to resume "
+                               "from the last finished shard") from None
+        yield row
+
+
 def open_stream(settings):
     """The source as an IterableDataset of rows, in the conversion's order, and the
     revision it resolved to."""
@@ -98,9 +120,8 @@ def open_stream(settings):
                                                 revision=settings["revision"])
         stream = builder.as_streaming_dataset(split=settings["split"])
     except Exception as e:  # the library raises many types (not found, offline, bad split, bad config)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise DatasetError(f"cannot stream {name} (config {settings['config']}, split {settings['split']}): "
-                           f"{type(e).__name__}: {first}. Check the name, --hf-config, --hf-split and the network "
+                           f"{_summary(e)}. Check the name, --hf-config, --hf-split and the network "
                            "(for local files: --from-hf json|parquet|text --hf-data-files 'PATTERN')") from None
     if settings["shuffle_seed"] is not None:
         stream = stream.shuffle(seed=settings["shuffle_seed"], buffer_size=settings["shuffle_buffer"])
@@ -134,8 +155,9 @@ def _start(directory, marker):
                                                 "val_documents": 0, "characters": 0,
                                                 "skipped": {"empty": 0, "non_text": 0, "val_duplicate": 0}}
     keep = {shard_name(i) for i in range(done["train_shards"])} | ({shard_name(VAL_SHARD)} if done["val_documents"] else set())
+    shards = set(shards_in(directory))
     for name in os.listdir(directory):
-        if (name in shards_in(directory) and name not in keep) or name.endswith(".tmp"):
+        if (name in shards and name not in keep) or name.endswith(".tmp"):
             os.remove(os.path.join(directory, name))
     for name in keep:
         if not os.path.exists(os.path.join(directory, name)):
@@ -156,7 +178,8 @@ def convert(dataset, data_dir=None, config=None, split="train", data_files=None,
     settings = {"dataset": dataset, "config": config, "split": split, "data_files": _local_patterns(dataset, data_files),
                 "revision": revision, "text_column": text_column, "shuffle_seed": shuffle_seed,
                 "shuffle_buffer": shuffle_buffer if shuffle_seed is not None else None,
-                "val_docs": val_docs, "shard_docs": shard_docs, "max_docs": max_docs, "max_chars": max_chars}
+                "val_docs": val_docs, "shard_docs": shard_docs, "max_docs": max_docs, "max_chars": max_chars,
+                "datasets_version": importlib.metadata.version("datasets")}
     os.makedirs(directory, exist_ok=True)
     lock = FileLock(os.path.join(directory, LOCK), timeout=0)
     try:
@@ -178,6 +201,12 @@ def convert(dataset, data_dir=None, config=None, split="train", data_files=None,
                 if any(old != new and (old is None or (new is not None and new < old)) for _, old, new in limits):
                     raise DatasetError(f"{directory} holds a complete conversion with --max-docs {marker.get('max_docs')} "
                                        f"--max-chars {marker.get('max_chars')}; a smaller limit needs another --data-dir")
+            # The shuffle buffer's order is the library's: another version may skip other rows.
+            if shuffle_seed is not None and marker.get("datasets_version") != settings["datasets_version"]:
+                raise DatasetError(f"{directory} holds a shuffled conversion made with datasets "
+                                   f"{marker.get('datasets_version')}, this is {settings['datasets_version']}: resume it "
+                                   f"with that version (pip install datasets=={marker.get('datasets_version')}), or "
+                                   "use another --data-dir")
         return _convert(directory, settings, marker)
     finally:
         lock.release()
@@ -216,47 +245,41 @@ def _convert(directory, settings, marker):
         return ((settings["max_docs"] is not None and kept >= settings["max_docs"])
                 or (settings["max_chars"] is not None and state["characters"] >= settings["max_chars"]))
 
-    rows = iter(stream)
-    try:
-        for i, row in enumerate(rows):
-            if i == 0 and column not in row:
-                raise DatasetError(f"{settings['dataset']} has no column {column!r}; its columns: "
-                                   f"{', '.join(row)}. Pass --text-column NAME")
-            if i < resumed:  # rows the finished shards already hold
-                continue
-            state["rows_read"] += 1
-            text = row[column]
-            if not isinstance(text, str):
-                state["skipped"]["non_text"] += 1
-                continue
-            if not text.strip():
-                state["skipped"]["empty"] += 1
-                continue
-            if state["val_documents"] < settings["val_docs"]:
-                val.append(text)
-                val_seen.add(text)
-                state["val_documents"] += 1
-                state["characters"] += len(text)
-                if state["val_documents"] == settings["val_docs"]:
-                    finish_shard(val, val_path)
-                    checkpoint()
-            elif text in val_seen:
-                state["skipped"]["val_duplicate"] += 1
-            else:
-                train.append(text)
-                state["train_documents"] += 1
-                state["characters"] += len(text)
-                if len(train) == settings["shard_docs"]:
-                    finish_shard(train, os.path.join(directory, shard_name(state["train_shards"])))
-                    state["train_shards"] += 1
-                    train = []
-                    checkpoint()
-            if limit_reached():  # checked after each kept document: no row is read past the limit
-                break
-    finally:
-        close = getattr(rows, "close", None)
-        if close is not None:
-            close()
+    for i, row in enumerate(_rows(stream, settings["dataset"])):
+        if i == 0 and column not in row:
+            raise DatasetError(f"{settings['dataset']} has no column {column!r}; its columns: "
+                               f"{', '.join(row)}. Pass --text-column NAME")
+        if i < resumed:  # rows the finished shards already hold
+            continue
+        state["rows_read"] += 1
+        text = row[column]
+        if not isinstance(text, str):
+            state["skipped"]["non_text"] += 1
+            continue
+        if not text.strip():
+            state["skipped"]["empty"] += 1
+            continue
+        if state["val_documents"] < settings["val_docs"]:
+            val.append(text)
+            val_seen.add(text)
+            state["val_documents"] += 1
+            state["characters"] += len(text)
+            if state["val_documents"] == settings["val_docs"]:
+                finish_shard(val, val_path)
+                checkpoint()
+        elif text in val_seen:
+            state["skipped"]["val_duplicate"] += 1
+        else:
+            train.append(text)
+            state["train_documents"] += 1
+            state["characters"] += len(text)
+            if len(train) == settings["shard_docs"]:
+                finish_shard(train, os.path.join(directory, shard_name(state["train_shards"])))
+                state["train_shards"] += 1
+                train = []
+                checkpoint()
+        if limit_reached():  # checked after each kept document: no row is read past the limit
+            break
 
     if state["val_documents"] < settings["val_docs"] or (not train and not state["train_shards"]):
         raise DatasetError(f"{settings['dataset']} gave {state['val_documents'] + state['train_documents']} usable "
