@@ -250,15 +250,24 @@ def test_numeric_flags_reject_bad_values(flag, value, capsys, tmp_path):
     (["--hf-config", "x", "-n", "2"], "--hf-config: options of --from-hf NAME"),
     (["--from-hf", "json", "--hf-data-files", "{src}/*.jsonl", "--shuffle-buffer", "5"], "needs --shuffle-seed"),
 ])
-def test_bad_input_is_one_error_line(argv, message, tmp_path, source):
+def test_bad_input_is_one_error_line(argv, message, tmp_path, source, capsys):
     argv = [a.format(tmp=tmp_path, src=source) for a in argv]
     if "--data-dir" not in argv:
         argv += ["--data-dir", str(tmp_path / "out")]
-    proc = subprocess.run([sys.executable, "-m", "nanochat.dataset", *argv], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and message in errors[0], proc.stderr
+    with pytest.raises(SystemExit) as err:
+        dataset.main(argv)
+    # parser errors print to stderr and exit 2; the others exit with their message
+    output = capsys.readouterr().err if err.value.code == 2 else str(err.value.code)
+    errors = [line for line in output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], output
+
+
+def test_a_bad_source_through_the_cli_has_no_traceback(tmp_path, source):
+    proc = subprocess.run([sys.executable, "-m", "nanochat.dataset", "--from-hf", "json", "--hf-data-files",
+                           str(source / "*.jsonl"), "--hf-split", "test", "--data-dir", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "error: cannot stream json" in proc.stderr
 
 
 # ------------------------------------------------------------------------------ training

@@ -59,7 +59,8 @@ def _local_patterns(name, data_files):
     directory), each required to match at least one file."""
     if not data_files:
         if name in LOCAL_BUILDERS:
-            raise DatasetError(f"--from-hf {name} reads local files: add --hf-data-files 'PATTERN' (e.g. 'data/*.{name}')")
+            raise DatasetError(f"--from-hf {name} reads local files: add --hf-data-files 'PATTERN' "
+                               f"(e.g. 'data/*.{name}')")
         return None
     out = []
     for pattern in data_files:
@@ -154,7 +155,9 @@ def _start(directory, marker):
     done = (marker or {}).get("checkpoint") or {"rows_read": 0, "train_shards": 0, "train_documents": 0,
                                                 "val_documents": 0, "characters": 0,
                                                 "skipped": {"empty": 0, "non_text": 0, "val_duplicate": 0}}
-    keep = {shard_name(i) for i in range(done["train_shards"])} | ({shard_name(VAL_SHARD)} if done["val_documents"] else set())
+    keep = {shard_name(i) for i in range(done["train_shards"])}
+    if done["val_documents"]:
+        keep.add(shard_name(VAL_SHARD))
     shards = set(shards_in(directory))
     for name in os.listdir(directory):
         if (name in shards and name not in keep) or name.endswith(".tmp"):
@@ -199,8 +202,9 @@ def convert(dataset, data_dir=None, config=None, split="train", data_files=None,
                 # A larger limit extends the corpus from its last full shard; a smaller one would not
                 # give the corpus that a conversion with that limit gives.
                 if any(old != new and (old is None or (new is not None and new < old)) for _, old, new in limits):
-                    raise DatasetError(f"{directory} holds a complete conversion with --max-docs {marker.get('max_docs')} "
-                                       f"--max-chars {marker.get('max_chars')}; a smaller limit needs another --data-dir")
+                    raise DatasetError(f"{directory} holds a complete conversion with --max-docs "
+                                       f"{marker.get('max_docs')} --max-chars {marker.get('max_chars')}; a smaller "
+                                       "limit needs another --data-dir")
             # The shuffle buffer's order is the library's: another version may skip other rows.
             if shuffle_seed is not None and marker.get("datasets_version") != settings["datasets_version"]:
                 raise DatasetError(f"{directory} holds a shuffled conversion made with datasets "
