@@ -109,11 +109,14 @@ def build_parser():
 
 
 def _check_args(parser, args):
-    if args.data_dir is not None and os.path.exists(args.data_dir):
-        if not os.path.isdir(args.data_dir):
-            parser.error(f"--data-dir {args.data_dir} is a file: pass a directory")
-        if not os.access(args.data_dir, os.R_OK | os.W_OK | os.X_OK):
-            parser.error(f"--data-dir {args.data_dir} is not readable and writable: fix its permissions or pass another")
+    if args.data_dir is not None:
+        existing = os.path.abspath(args.data_dir)
+        while not os.path.exists(existing):  # the directory is made later: check what holds it
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            parser.error(f"--data-dir {args.data_dir}: {existing} is a file, not a directory: pass another path")
+        if not os.access(existing, os.R_OK | os.W_OK | os.X_OK):
+            parser.error(f"--data-dir {args.data_dir}: {existing} is not writable: fix its permissions or pass another")
     if args.from_hf is None:
         given = [f"--{k.replace('_', '-')}" for k in HF_FLAGS if getattr(args, k) is not None]
         if given:
@@ -141,7 +144,7 @@ def main(argv=None):
             offline_fallback(args.num_files, args.data_dir, args.num_workers, args.base_url)
         else:
             download(args.num_files, args.data_dir, args.num_workers, args.base_url)
-    except (DatasetError, ValueError) as e:
+    except (DatasetError, ValueError, OSError) as e:  # OSError: e.g. the disk filled up
         raise SystemExit(f"nanochat.dataset: error: {e}")
 
 

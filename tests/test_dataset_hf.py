@@ -247,6 +247,7 @@ def test_numeric_flags_reject_bad_values(flag, value, capsys, tmp_path):
      "leaves no train documents"),
     (["--from-hf", "json", "--hf-data-files", "{src}/*.jsonl", "--hf-split", "test"], "cannot stream json"),
     (["--from-hf", "json", "--hf-data-files", "{src}/*.jsonl", "--data-dir", "{src}/a.jsonl"], "is a file"),
+    (["--from-hf", "json", "--hf-data-files", "{src}/*.jsonl", "--data-dir", "{src}/a.jsonl/sub"], "is a file"),
     (["--hf-config", "x", "-n", "2"], "--hf-config: options of --from-hf NAME"),
     (["--from-hf", "json", "--hf-data-files", "{src}/*.jsonl", "--shuffle-buffer", "5"], "needs --shuffle-seed"),
 ])
