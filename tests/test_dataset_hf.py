@@ -2,16 +2,21 @@
 the pinned val split, shuffling, kill and resume in a real subprocess, every refusal and
 bad-input error, and training the tokenizer and the model on the result."""
 
+import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
-# Set before anything imports `datasets`, which reads them once: no test may reach the Hub.
+# Set before anything imports `datasets`, which reads them once: no test may reach the Hub,
+# and the library's cache (lock files per source) goes to a directory of its own.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="nanochat_hf_home_")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
