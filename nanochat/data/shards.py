@@ -56,18 +56,15 @@ def read_marker(directory):
         return json.load(f)
 
 
-def write_json(path, obj):
-    """Write `obj` as JSON through a temporary file and a rename: a reader (or a process
-    killed mid-write) sees the old file or the new one, never half of one."""
+def write_marker(directory, marker):
+    """Write the marker through a temporary file and a rename: a reader (or a process
+    killed mid-write) sees the old marker or the new one, never half of one."""
+    path = os.path.join(directory, MARKER)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
+        json.dump(marker, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
-
-
-def write_marker(directory, marker):
-    write_json(os.path.join(directory, MARKER), marker)
 
 
 def corpus_source(directory):
