@@ -3,8 +3,9 @@
 A data directory holds shard_00000.parquet, shard_00001.parquet, ... (train) and the pinned
 val shard shard_01822.parquet (never "whatever sorts last"), each with one `text` column,
 plus CORPUS.json, the marker saying which corpus the directory holds (never two in one
-directory). Owns: naming, writing a shard (temporary file, verified, renamed), the marker,
-listing and iterating the splits, and estimating whether the train split is big enough.
+directory). Owns: naming, writing a shard (temporary file, verified, renamed), the marker
+and the one-line description of a corpus that runs record, listing and iterating the
+splits, and estimating whether the train split is big enough.
 """
 
 import json
