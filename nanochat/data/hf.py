@@ -8,9 +8,10 @@ documents become the pinned val shard, the rest train shards of `shard_docs` doc
 document identical to a val document is dropped, so the two splits never share a text.
 
 Resumable: after each finished shard the marker (CORPUS.json) records how many source rows
-the shards hold. A restarted conversion keeps the finished shards, deletes anything after
-them, streams the source again in the same (seeded) order, skips those rows without
-writing them, and continues; the result equals an uninterrupted conversion. A lock file
+the shards hold (and, for an unshuffled stream, the library's position in it). A restarted
+conversion keeps the finished shards, deletes anything after them, and continues from that
+position, or streams the source again in the same seeded order and skips those rows; the
+result equals an uninterrupted conversion. A lock file
 refuses a second conversion into the same directory, and a directory holding another
 corpus, or another conversion, is refused by name.
 """
@@ -99,15 +100,18 @@ def _rows(stream, name):
     """The stream's rows; a failure of the source (network, a malformed file) becomes a
     DatasetError that says how to go on."""
     rows = iter(stream)
-    while True:
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except Exception as e:  # raised from inside `datasets`, of many types
-            raise DatasetError(f"reading {name} failed ({_summary(e)}): run the same command again to resume "
-                               "from the last finished shard") from None
-        yield row
+    try:
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as e:  # raised from inside `datasets`, of many types
+                raise DatasetError(f"reading {name} failed ({_summary(e)}): run the same command again to resume "
+                                   "from the last finished shard") from None
+            yield row
+    finally:
+        rows.close()  # now, not at interpreter exit, where the library's readers complain
 
 
 def open_stream(settings):
@@ -149,9 +153,10 @@ def _claim(directory, settings):
 
 
 def _start(directory, marker):
-    """Where a conversion resumes: the counts at the last finished shard. Shards written
-    after it (a crash between a shard's rename and the marker update) and temporary
-    files are deleted, so that the partial shard is redone from the source."""
+    """Where a conversion resumes: the counts at the last finished shard and the stream's
+    position there (None when not saved). Shards written after it (a crash between a
+    shard's rename and the marker update) and temporary files are deleted, so that the
+    partial shard is redone from the source."""
     done = (marker or {}).get("checkpoint") or {"rows_read": 0, "train_shards": 0, "train_documents": 0,
                                                 "val_documents": 0, "characters": 0,
                                                 "skipped": {"empty": 0, "non_text": 0, "val_duplicate": 0}}
@@ -166,7 +171,8 @@ def _start(directory, marker):
         if not os.path.exists(os.path.join(directory, name)):
             raise DatasetError(f"{directory}/{name} is missing though {MARKER} lists it as finished: delete "
                                f"{directory} and convert again")
-    return {**done, "skipped": dict(done["skipped"])}
+    counts = {k: v for k, v in done.items() if k != "stream_state"}
+    return {**counts, "skipped": dict(done["skipped"])}, done.get("stream_state")
 
 
 def convert(dataset, data_dir=None, config=None, split="train", data_files=None, revision=None, text_column="text",
@@ -219,10 +225,22 @@ def convert(dataset, data_dir=None, config=None, split="train", data_files=None,
 def _convert(directory, settings, marker):
     stream, settings["revision"] = open_stream(settings)
     settings["command"] = command(settings, directory)
-    state = _start(directory, marker)
+    state, stream_state = _start(directory, marker)
     resumed = state["rows_read"]
+    # An unshuffled stream restarts at its saved position (the file and row it stopped at),
+    # without reading the rows before it again. A shuffled one cannot: the library does not
+    # save its buffer, so the rows are streamed again and skipped.
+    shuffled = settings["shuffle_seed"] is not None
+    skip = resumed
+    same_library = marker is not None and marker.get("datasets_version") == settings["datasets_version"]
+    if stream_state is not None and not shuffled and same_library:
+        stream.load_state_dict(stream_state)
+        skip = 0
     info = {"source": SOURCE, **settings, "rows_per_group": ROW_GROUP_DOCS}
-    write_marker(directory, {**info, "complete": False, "checkpoint": state})  # claims the directory
+    saved = {**state, "skipped": dict(state["skipped"])}  # the counts at the last finished shard
+    if stream_state is not None:
+        saved["stream_state"] = stream_state
+    write_marker(directory, {**info, "complete": False, "checkpoint": saved})  # claims the directory
     name = describe_corpus(info)
     print(f"Converting {name} into {directory}"
           + (f", resuming after {resumed:,} rows ({state['train_shards']} train shards kept)" if resumed else ""),
@@ -238,10 +256,10 @@ def _convert(directory, settings, marker):
         print(f"{os.path.basename(path)}: {len(docs):,} documents; {state['rows_read']:,} rows read, "
               f"{state['characters']:,} characters kept", flush=True)
 
-    saved = {**state, "skipped": dict(state["skipped"])}  # the counts at the last finished shard
-
     def checkpoint():
         saved.update(state, skipped=dict(state["skipped"]))
+        if not shuffled:
+            saved["stream_state"] = stream.state_dict()
         write_marker(directory, {**info, "complete": False, "checkpoint": saved})
 
     def limit_reached():
@@ -249,11 +267,12 @@ def _convert(directory, settings, marker):
         return ((settings["max_docs"] is not None and kept >= settings["max_docs"])
                 or (settings["max_chars"] is not None and state["characters"] >= settings["max_chars"]))
 
-    for i, row in enumerate(_rows(stream, settings["dataset"])):
+    rows = _rows(stream, settings["dataset"])
+    for i, row in enumerate(rows):
         if i == 0 and column not in row:
             raise DatasetError(f"{settings['dataset']} has no column {column!r}; its columns: "
                                f"{', '.join(row)}. Pass --text-column NAME")
-        if i < resumed:  # rows the finished shards already hold
+        if i < skip:  # rows the finished shards already hold
             continue
         state["rows_read"] += 1
         text = row[column]
@@ -284,6 +303,7 @@ def _convert(directory, settings, marker):
                 checkpoint()
         if limit_reached():  # checked after each kept document: no row is read past the limit
             break
+    rows.close()
 
     if state["val_documents"] < settings["val_docs"] or (not train and not state["train_shards"]):
         raise DatasetError(f"{settings['dataset']} gave {state['val_documents'] + state['train_documents']} usable "
