@@ -231,15 +231,15 @@ def _convert(directory, settings, marker):
     # without reading the rows before it again. A shuffled one cannot: the library does not
     # save its buffer, so the rows are streamed again and skipped.
     shuffled = settings["shuffle_seed"] is not None
+    if shuffled or marker is None or marker.get("datasets_version") != settings["datasets_version"]:
+        stream_state = None  # a position saved by another version of the library is not trusted
     skip = resumed
-    same_library = marker is not None and marker.get("datasets_version") == settings["datasets_version"]
-    if stream_state is not None and not shuffled and same_library:
-        stream.load_state_dict(stream_state)
-        skip = 0
-    info = {"source": SOURCE, **settings, "rows_per_group": ROW_GROUP_DOCS}
     saved = {**state, "skipped": dict(state["skipped"])}  # the counts at the last finished shard
     if stream_state is not None:
+        stream.load_state_dict(stream_state)
+        skip = 0
         saved["stream_state"] = stream_state
+    info = {"source": SOURCE, **settings, "rows_per_group": ROW_GROUP_DOCS}
     write_marker(directory, {**info, "complete": False, "checkpoint": saved})  # claims the directory
     name = describe_corpus(info)
     print(f"Converting {name} into {directory}"
