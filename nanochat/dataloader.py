@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from nanochat.common import print0
-from nanochat.dataset import DatasetError, list_parquet_files
+from nanochat.data.shards import DatasetError, list_parquet_files
 
 STATE_VERSION = 1
 

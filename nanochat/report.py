@@ -321,6 +321,17 @@ def runs_table(runs):
     return md_table(("Run", "Method", "D", "n", "Factors", "alpha_res", "Steps", "Status", "Device"), rows)
 
 
+def corpus_lines(runs):
+    """What the runs trained on, one line per corpus, from the corpus.json base_train writes
+    beside config.toml (runs from before it existed are listed as unknown)."""
+    by_corpus = {}
+    for r in runs:
+        if r.found:
+            record = _read_json(r.path / "corpus.json")
+            by_corpus.setdefault(record["description"] if record else "unknown (no corpus.json)", []).append(r.name)
+    return "\n".join(f"- Trained on {corpus}: {', '.join(names)}" for corpus, names in by_corpus.items())
+
+
 def residual_reference(runs, depth):
     """The complete residual run at this depth whose parameter count is known, or None."""
     refs = [r for r in runs if r.depth == depth and r.variant == "residual" and params(r) is not None]
@@ -846,7 +857,7 @@ def write_report(runs, out_dir, reference="residual", notes=()):
              "directories below. Our numbers first, the paper's beside them where a run matches a paper "
              "configuration (depth, method, n, KromHC factors, alpha_res sharing). A dash is a value no "
              "run file holds. CORE is on the paper's scale (x100).",
-             "## Runs", runs_table(runs)]
+             "## Runs", runs_table(runs), corpus_lines(runs)]
     if missing or notes:
         lines = [f"- not found: `{r.path}`" for r in missing] + [f"- {n}" for n in notes]
         parts += ["Missing:", "\n".join(lines)]

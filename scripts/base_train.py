@@ -193,7 +193,7 @@ def main(argv=None):
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader
-    from nanochat.dataset import DatasetError, check_enough_data
+    from nanochat.data.shards import DatasetError, check_enough_data, corpus_record
     from nanochat.optim import build_optimizer
     from nanochat.tokenizer import get_token_bytes, get_tokenizer
 
@@ -271,6 +271,8 @@ def main(argv=None):
         check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
     except DatasetError as e:
         raise SystemExit(f"error: {e}") from None
+    corpus = corpus_record(args.data_dir or None)
+    print0(f"data: {corpus['description']} in {corpus['data_dir']}")
     core_bundle = None
     if args.core_metric_every > 0:  # check the bundle and the task list now, not at step 2000
         from nanochat.core_eval import resolve_eval_bundle, select_tasks
@@ -307,6 +309,7 @@ def main(argv=None):
         os.makedirs(run_dir, exist_ok=True)
         ckpt.atomic_write(os.path.join(run_dir, "config.toml"),
                           dumps_toml(values, header=f"Resolved settings of run {model_tag}"))
+        ckpt.atomic_write(os.path.join(run_dir, "corpus.json"), json.dumps(corpus, indent=1))
         if start_step:
             clean_metrics_log(metrics_path, start_step)
         elif os.path.exists(metrics_path):

@@ -175,7 +175,7 @@ def checkpoint_tokens(args, model, device):
         return torch.randint(0, model.config.vocab_size, (args.batch_size, T), generator=g).to(device), \
             f"random tokens (seed {args.seed}), not validation data"
     from nanochat.dataloader import build_val_loader
-    from nanochat.dataset import DatasetError
+    from nanochat.data.shards import DatasetError
     from nanochat.tokenizer import get_tokenizer
     try:
         with build_val_loader(get_tokenizer(args.tokenizer_dir), args.batch_size, T, device=device,

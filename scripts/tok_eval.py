@@ -9,7 +9,7 @@ import argparse
 
 import tiktoken
 
-from nanochat.dataset import DatasetError, parquets_iter_batched
+from nanochat.data.shards import DatasetError, parquets_iter_batched
 from nanochat.tokenizer import get_tokenizer
 
 SAMPLES = {

@@ -8,7 +8,7 @@ python -m scripts.tok_train [--vocab-size 32768] [--max-chars 2e9] [--doc-cap 10
 import argparse
 import time
 
-from nanochat.dataset import DatasetError, data_dir, list_parquet_files, parquets_iter_batched, read_marker
+from nanochat.data.shards import DatasetError, corpus_record, data_dir, list_parquet_files, parquets_iter_batched
 from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer, default_tokenizer_dir
 
 # Exercises what a tokenizer most often gets wrong: specials written as text, multi-byte
@@ -56,9 +56,10 @@ def main(argv=None):
     out = args.tokenizer_dir or default_tokenizer_dir()
     try:
         list_parquet_files("train", directory)  # fail on missing data before anything else
-        source = (read_marker(directory) or {}).get("source", "fineweb-edu")
-        print(f"Training a {args.vocab_size}-token BPE on up to {args.max_chars:,} characters of the {source} "
-              f"train split in {directory} (documents cut at {args.doc_cap:,})", flush=True)
+        corpus = corpus_record(directory)
+        source = corpus["marker"]["source"]
+        print(f"Training a {args.vocab_size}-token BPE on up to {args.max_chars:,} characters of the train split of "
+              f"{corpus['description']} in {directory} (documents cut at {args.doc_cap:,})", flush=True)
         counts = {"docs": 0, "chars": 0}
         t0 = time.time()
         tok = Tokenizer.train_from_iterator(text_iterator(directory, args.max_chars, args.doc_cap, counts),
@@ -70,8 +71,9 @@ def main(argv=None):
         print(f"warning: the text ran out of pairs to merge: vocab is {tok.get_vocab_size()}, not {args.vocab_size}; "
               "give the model this vocab_size (read it from the tokenizer)")
     n_ids = check_round_trip(tok)
-    info = {"data_dir": directory, "source": source, "docs": counts["docs"], "chars": counts["chars"],
-            "max_chars": args.max_chars, "doc_cap": args.doc_cap, "requested_vocab_size": args.vocab_size}
+    info = {"data_dir": directory, "source": source, "corpus": corpus["description"], "docs": counts["docs"],
+            "chars": counts["chars"], "max_chars": args.max_chars, "doc_cap": args.doc_cap,
+            "requested_vocab_size": args.vocab_size}
     tok.save(out, info=info)
     if Tokenizer.from_directory(out).encode(ROUND_TRIP_TEXT) != tok.encode(ROUND_TRIP_TEXT):
         raise SystemExit(f"tok_train: the tokenizer saved in {out} does not load back identically")

@@ -17,7 +17,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 
-from nanochat.dataset import build_offline_corpus, parquets_iter_batched, write_corpus  # noqa: E402
+from nanochat.data.local import build_offline_corpus, write_corpus  # noqa: E402
+from nanochat.data.shards import parquets_iter_batched  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 
 

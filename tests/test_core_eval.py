@@ -517,7 +517,7 @@ def tiny_run(tmp_path_factory):
     import dataclasses
 
     from nanochat import checkpoint
-    from nanochat.dataset import write_corpus
+    from nanochat.data.local import write_corpus
     from nanochat.gpt import GPTConfig, build_model
     from nanochat.tokenizer import Tokenizer
 

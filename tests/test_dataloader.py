@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nanochat.dataloader import BestFitLoader, build_val_loader
-from nanochat.dataset import DatasetError, list_parquet_files, parquets_iter_batched, shard_name
+from nanochat.data.shards import DatasetError, list_parquet_files, parquets_iter_batched, shard_name
 from nanochat.tokenizer import get_tokenizer
 
 SMALL = dict(B=2, T=128, split="train", buffer_size=16, tokenizer_batch_size=5)  # chunks unaligned with row groups

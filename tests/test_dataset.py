@@ -18,8 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from nanochat import dataset
-from nanochat.dataset import (DatasetError, MARKER, VAL_SHARD, check_enough_data, download, download_shard,
-                              list_parquet_files, parquets_iter_batched, shard_name, split_stats, verify_shard)
+from nanochat.data import local, shards
+from nanochat.data.fineweb import download, download_shard
+from nanochat.data.shards import (DatasetError, MARKER, VAL_SHARD, check_enough_data, list_parquet_files,
+                                  parquets_iter_batched, shard_name, split_stats, verify_shard)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VAL = shard_name(VAL_SHARD)
@@ -262,7 +264,7 @@ def test_check_enough_data(tmp_path):
     needed = stats["usable_tokens_estimate"] * 3
     with pytest.raises(DatasetError) as err:
         check_enough_data(needed, tmp_path)
-    n = math.ceil(needed * dataset.CHARS_PER_TOKEN / dataset.KEPT_FRACTION / stats["text_bytes"])
+    n = math.ceil(needed * shards.CHARS_PER_TOKEN / shards.KEPT_FRACTION / stats["text_bytes"])
     assert n == 3 and f"`python -m nanochat.dataset -n {n} --data-dir {tmp_path}`" in str(err.value)
     assert "estimate" in str(err.value)
     with pytest.raises(DatasetError, match="even all 1822 train shards"):
@@ -301,7 +303,7 @@ def test_no_mixing_of_corpora(offline_corpus_dir, served, tmp_path):
     d = tmp_path / "fw"
     download(1, d, base_url=served.url, backoff=0)
     with pytest.raises(DatasetError, match="FineWeb-Edu shards"):
-        dataset.write_corpus(["a", "b", "c"], d, {"source": "text"})
+        local.write_corpus(["a", "b", "c"], d, {"source": "text"})
 
 
 def test_offline_fallback(served, tmp_path, monkeypatch):
@@ -340,7 +342,7 @@ def test_from_text(tmp_path, capsys):
     docs = [d if d is not None else next(rest) for d in docs]  # undo the every-10th val split
     book = docs[:-13]
     assert "\n\n".join(book) == "\n\n".join(paras[:100] + [long_para.strip("\n")] + paras[100:])
-    assert long_para in book and all(len(d) <= dataset.TEXT_DOC_CHARS for d in book if d != long_para)
+    assert long_para in book and all(len(d) <= local.TEXT_DOC_CHARS for d in book if d != long_para)
     assert docs[-13:] == [f"json document {i}" for i in range(12)] + ["Short note."]
     marker = json.load(open(out / MARKER))
     assert marker["source"] == "text" and marker["documents"] == len(docs)

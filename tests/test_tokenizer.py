@@ -10,7 +10,7 @@ import tiktoken
 import torch
 from tokenizers import pre_tokenizers
 
-from nanochat.dataset import parquets_iter_batched
+from nanochat.data.shards import parquets_iter_batched
 from nanochat.tokenizer import (SPECIAL_TOKENS, Tokenizer, _byte_level_decoder, get_token_bytes, get_tokenizer,
                                 train_hf_bpe)
 from scripts import tok_eval, tok_train

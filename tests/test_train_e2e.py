@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
-from nanochat.dataset import write_corpus
+from nanochat.data.local import write_corpus
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
