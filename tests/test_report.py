@@ -7,7 +7,9 @@ import math
 import pytest
 
 from nanochat import paper_results as paper
-from nanochat import report
+from nanochat.report_format import MISSING
+from nanochat.report import write_report
+from nanochat.report_runs import load_run, read_metrics
 from scripts import report as report_cli
 
 STEPS = 40
@@ -137,12 +139,12 @@ def test_missing_and_incomplete_runs(built):
     lite = row(rows, Run="d6_mhc_lite")
     assert lite["Status"] == f"incomplete (step 19 of {STEPS - 1})"
     assert lite["Train loss"] == f"{3.7 + 2.0 * math.exp(-19 / 10) + 0.01:.3f}"  # last logged loss_smooth
-    assert lite["ΔParams (K)"] == report.MISSING and lite["CORE"] == report.MISSING
+    assert lite["ΔParams (K)"] == MISSING and lite["CORE"] == MISSING
     assert lite["paper"] == f"{paper.MAIN[(6, 'mhc_lite')].delta_params_k:.0f}"
     assert f"not found: `{root / 'd6_hc'}`" in readme
     runs = table(section(readme, "## Runs"))
     assert row(runs, Run="d6_hc")["Status"] == "not found"
-    assert row(runs, Run="d6_hc")["Method"] == report.MISSING  # its config is unknown: no guess
+    assert row(runs, Run="d6_hc")["Method"] == MISSING  # its config is unknown: no guess
     assert "d6_hc" not in readme.split("## The paper's numbers")[0].split("## Ablations")[1]
 
 
@@ -152,14 +154,14 @@ def test_core_task_tables(built):
     ours = row(rows, Run="d6_kromhc")
     accs = [100 * (0.30 + 0.01 * i) for i, (_, label) in enumerate(paper.COMMONSENSE_COLUMNS) if label != "hellaswag"]
     assert ours["Avg"] == f"{sum(accs) / len(accs):.1f}*"
-    assert ours["HS"] == report.MISSING and ours["HS-ZS"] == f"{100 * 0.31:.1f}"
+    assert ours["HS"] == MISSING and ours["HS-ZS"] == f"{100 * 0.31:.1f}"
     paper_row = row(rows, Method="KromHC (paper)")
     assert rows.index(paper_row) == rows.index(ours) + 1
     assert [paper_row[h] for h in ("Avg", "HS", "BoolQ")] == [f"{v:.1f}" for v in
                                                              (paper.COMMONSENSE[(6, "kromhc")][0],
                                                               paper.COMMONSENSE[(6, "kromhc")][1],
                                                               paper.COMMONSENSE[(6, "kromhc")][-1])]
-    assert row(rows, Run="d6_mhc")["Avg"] == report.MISSING  # no CORE at all
+    assert row(rows, Run="d6_mhc")["Avg"] == MISSING  # no CORE at all
 
 
 def test_n_scaling_and_ablations(built):
@@ -185,11 +187,11 @@ def test_stability_and_system_tables(built):
     mhc = row(stab, Run="d12_mhc")
     assert mhc["row MAE"] == f"{0.031:.2e}" and mhc["paper"] == "≈0.05" and mhc["source"] == "hc_stats.json"
     assert mhc["col MAE"] == f"{1e-7:.2e}"
-    assert row(stab, Run="d6_kromhc")["row MAE"] == report.MISSING
+    assert row(stab, Run="d6_kromhc")["row MAE"] == MISSING
     system = table(section(readme, f"## System metrics ({paper.SYSTEM_TABLE})").split("### D=6", 1)[1])
     krom = row(system, Run="d6_kromhc")
     assert krom["Δ% vs mHC"] == f"{100 * (1000 / 800 - 1):+.2f}" and krom["Δ%"] == f"{100 * (0.5 / 0.625 - 1):+.2f}"
-    assert krom["paper"] == report.MISSING  # the paper's system table is D=12 only
+    assert krom["paper"] == MISSING  # the paper's system table is D=12 only
 
 
 def test_figures_are_png(built):
@@ -219,7 +221,7 @@ def test_configs_list_expected_runs(tmp_path):
         (configs / f"{tag}.toml").write_text(f'depth = 6\nhc = "{hc}"\nhc_streams = 4\nmodel_tag = "{tag}"\n')
     runs = report_cli.collect_runs(report_cli.parse_args(["--runs-root", str(root), "--configs", str(configs)]))
     assert [(r.name, r.found) for r in runs] == [("cpu_kromhc", False), ("cpu_residual", True)]
-    readme = report.write_report(runs, tmp_path / "out").read_text()
+    readme = write_report(runs, tmp_path / "out").read_text()
     main = table(section(readme, f"## Main results, D=6 ({paper.MAIN_TABLE})"))
     assert row(main, Run="cpu_kromhc")["Status"] == "not found"
     assert row(main, Run="cpu_kromhc")["paper"] == f"{paper.MAIN[(6, 'kromhc')].delta_params_k:.0f}"
@@ -229,11 +231,11 @@ def test_read_metrics_resume_and_torn_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "kind": "train", "loss": 5.0}\n{"step": 2, "kind": "train", "loss": 4.0}\n'
                     '{"step": 2, "kind": "train", "loss": 3.5}\n{"step": 3, "kind": "tr')
-    rows = report.read_metrics(path)["train"]
+    rows = read_metrics(path)["train"]
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 3.5)]
     path.write_text('{"step": 1, "kind": "train"}\nnot json\n{"step": 2, "kind": "train"}\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):
-        report.read_metrics(path)
+        read_metrics(path)
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
