@@ -15,10 +15,11 @@ from pathlib import Path
 from nanochat import paper_results as paper
 from nanochat.report_figures import (plot_curves, plot_gap, plot_grad_norms, plot_grad_tail, plot_params_vs_n,
                                      series)
-from nanochat.report_runs import is_default_factors, is_main, method_order
+from nanochat.report_runs import is_default_factors, is_main, method_order, seed_groups
+from nanochat.report_seeds import seed_table, task_sentence
 from nanochat.report_tables import (alpha_table, same_factors, factorization_table, identity_table, main_table,
                                     n_scaling_table, other_runs_table, paper_reference, params_vs_n_table,
-                                    runs_table, stability_table, system_table, task_table)
+                                    runs_table, stability_table, system_table, task_average, task_table)
 
 
 def select_reference(group, reference):
@@ -47,19 +48,28 @@ def write_report(runs, out_dir, reference="residual", notes=()):
         lines = [f"- not found: `{r.path}`" for r in missing] + [f"- {n}" for n in notes]
         parts += ["Missing:", "\n".join(lines)]
 
+    groups = seed_groups(runs)
     for depth in depths:
-        main = main_table(runs, depth)
+        main = main_table(runs, depth, groups)
         if main is None:
             continue
-        group = sorted((r for r in found if r.depth == depth and is_main(r)), key=method_order)
+        group = sorted((r for r in found if r.depth == depth and is_main(r) and r.name in groups), key=method_order)
         placed |= {r.name for r in runs if r.depth == depth and is_main(r)}
         parts += [f"## Main results, D={depth} ({paper.MAIN_TABLE})", main]
+        seeds = seed_table(runs, depth, groups)
+        if seeds:
+            parts += [f"### Differences and seed noise, D={depth}", seeds]
         if any(r.metrics for r in group):
-            parts.append(f"![loss curves D={depth}]({plot_curves(group, out / f'loss_d{depth}.png', f'D={depth}').name})")
+            rows = [groups[r.name] for r in group]
+            parts.append(f"![loss curves D={depth}]({plot_curves(rows, out / f'loss_d{depth}.png', f'D={depth}').name})")
             ref = select_reference(group, reference)
             if ref is not None and len(group) > 1:
-                gap = plot_gap(group, ref, out / f"loss_gap_d{depth}.png", f"D={depth}: gap to {ref.name} (Figure 4 style)")
+                gap = plot_gap(rows, groups[ref.name], out / f"loss_gap_d{depth}.png",
+                               f"D={depth}: gap to {ref.name} (Figure 4 style)")
                 parts.append(f"![loss gap D={depth}]({gap.name})")
+            if any(len(m) > 1 for m in rows):
+                parts.append("- Rows with several seeds: the line is their mean, the band ± one standard deviation "
+                             "(gaps: over the seed-paired differences); gradient norms: the first seed.")
             elif ref is None:
                 parts.append(f"- No loss-gap figure at D={depth}: no run named or of variant '{reference}' with metrics.")
             grads = plot_grad_norms(group, out / f"grad_norm_d{depth}.png", f"D={depth} ({paper.GRAD_FULL_FIGURE} style)")
@@ -76,9 +86,10 @@ def write_report(runs, out_dir, reference="residual", notes=()):
     for depth in depths:
         for title, columns, table in (("Commonsense and reasoning", paper.COMMONSENSE_COLUMNS, paper.COMMONSENSE),
                                       ("Language modeling, BigBench, evaluation suite", paper.LANGUAGE_COLUMNS, paper.LANGUAGE)):
-            text = task_table(runs, depth, columns, table)
+            text = task_table(runs, depth, columns, table, groups)
             if text:
-                parts += [f"### {title}, D={depth}", text]
+                sentence = task_sentence(runs, depth, groups, lambda r, columns=columns: task_average(r, columns)[0])
+                parts += [f"### {title}, D={depth}", text + "\n" + sentence]
 
     parts.append(f"## Width of the residual stream ({paper.N_SCALING_TABLE}, {paper.N_SCALING_FIGURE})")
     scaling_depths = sorted(set(depths) | {paper.N_SCALING_DEPTH})
@@ -92,7 +103,7 @@ def write_report(runs, out_dir, reference="residual", notes=()):
         parts += [f"### D={depth}", text]
         base = next((r for r in group if r.n == paper.PAPER_STREAMS and r.metrics), None)
         if base is not None and any(r.metrics and r.n != base.n for r in group):
-            path = plot_gap(sorted((r for r in group if r.metrics), key=lambda r: r.n), base,
+            path = plot_gap([[r] for r in sorted((r for r in group if r.metrics), key=lambda r: r.n)], [base],
                             out / f"n_scaling_gap_d{depth}.png", f"KromHC width, D={depth}: gap to n=4 (Figure 4 style)")
             parts.append(f"![n scaling D={depth}]({path.name})")
 
@@ -102,7 +113,7 @@ def write_report(runs, out_dir, reference="residual", notes=()):
         shared = [s for s in found if s.variant == "kromhc" and s.alpha_shared and s.depth == r.depth
                   and s.n == r.n and same_factors(s, r) and s.metrics]
         if shared:
-            path = plot_gap([shared[0], r], shared[0], out / f"alpha_gap_{r.name}.png", f"{r.name} vs {shared[0].name}")
+            path = plot_gap([[shared[0]], [r]], [shared[0]], out / f"alpha_gap_{r.name}.png", f"{r.name} vs {shared[0].name}")
             parts.append(f"![alpha ablation {r.name}]({path.name})")
     parts += [f"### Factorization ({paper.FACTORIZATION_SECTION})", factorization_table(runs)]
     placed |= {r.name for r in runs if r.variant == "kromhc" and r.alpha_shared and r.factors is not None}

@@ -1,13 +1,15 @@
-"""The report's figures in the KromHC paper's styles (PNG): loss and loss-gap curves,
-gradient norms, parameters per HC layer against n."""
+"""The report's figures in the KromHC paper's styles (PNG): loss and loss-gap curves (mean
+over seeds with a band of one standard deviation), gradient norms, parameters per HC layer
+against n."""
 
 import math
+import statistics
 
 from matplotlib.figure import Figure
 
 from nanochat import paper_results as paper
-from nanochat.report_runs import method_label
-from nanochat.report_tables import hc_params_per_layer
+from nanochat.report_runs import method_label, seeds_of
+from nanochat.report_tables import hc_params_per_layer, row_name
 
 # EMA factor for the loss-gap and gradient-norm curves. The paper smooths with an EMA but
 # does not give its factor; 0.98 (a ~50-step memory) keeps 7000-step curves readable.
@@ -44,13 +46,41 @@ def _save(fig, path):
     return path
 
 
-def plot_curves(group, path, title):
-    """Training loss (smoothed) and val BPB against steps."""
+def seed_band(curves):
+    """Mean and sample std over seeds of several (steps, values) curves, at the steps all of
+    them hold (std None for a single curve)."""
+    common = set(curves[0][0]).intersection(*(set(steps) for steps, _ in curves[1:]))
+    steps = sorted(common)
+    at = [dict(zip(*c)) for c in curves]
+    rows = [[a[s] for a in at] for s in steps]
+    mean = [statistics.fmean(r) for r in rows]
+    std = [statistics.stdev(r) for r in rows] if len(curves) > 1 else None
+    return steps, mean, std
+
+
+def _draw(ax, curves, label, **style):
+    """One row's curve: the mean over its seeds, shaded ± one std when it has several."""
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return
+    steps, mean, std = seed_band(curves)
+    line, = ax.plot(steps, mean, label=label, lw=1, **style)
+    if std is not None:
+        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                        color=line.get_color(), alpha=0.2)
+
+
+def _label(members):
+    return f"{method_label(members[0])} ({row_name(members)})"
+
+
+def plot_curves(rows, path, title):
+    """Training loss (smoothed) and val BPB against steps, one line per row of seeds."""
     fig = Figure(figsize=(11, 4))
     ax_loss, ax_bpb = fig.subplots(1, 2)
-    for r in group:
-        ax_loss.plot(*series(r, "train", "loss_smooth"), label=f"{method_label(r)} ({r.name})", lw=1)
-        ax_bpb.plot(*series(r, "val", "bpb"), marker=".", label=f"{method_label(r)} ({r.name})", lw=1)
+    for members in rows:
+        _draw(ax_loss, [series(r, "train", "loss_smooth") for r in members], _label(members))
+        _draw(ax_bpb, [series(r, "val", "bpb") for r in members], _label(members), marker=".")
     for ax, ylabel in ((ax_loss, "train loss (smoothed)"), (ax_bpb, "val BPB")):
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
@@ -72,19 +102,29 @@ def _gap(run, reference, kind, key, smooth):
     return [s for s, _ in common], [g for _, g in common]
 
 
-def plot_gap(group, reference, path, title):
-    """Figure 4 style: EMA of the raw training loss minus the reference's, and the val BPB gap."""
+def _pairs(members, reference):
+    """(run, reference run) with the same seeds; each run against the first reference run when
+    no seed is shared."""
+    ref_by_seed = {seeds_of(r): r for r in reference}
+    pairs = [(m, ref_by_seed[seeds_of(m)]) for m in members if seeds_of(m) in ref_by_seed]
+    return pairs or [(m, reference[0]) for m in members]
+
+
+def plot_gap(rows, reference, path, title):
+    """Figure 4 style: EMA of the raw training loss minus the reference's, and the val BPB gap;
+    over seeds, the mean of the paired gaps shaded ± one std."""
     fig = Figure(figsize=(11, 4))
     ax_loss, ax_bpb = fig.subplots(1, 2)
-    for r in group:
-        if r is reference:
+    for members in rows:
+        if members[0] is reference[0]:
             continue
-        ax_loss.plot(*_gap(r, reference, "train", "loss", smooth=True), label=f"{method_label(r)} ({r.name})", lw=1)
-        ax_bpb.plot(*_gap(r, reference, "val", "bpb", smooth=False), marker=".", label=f"{method_label(r)} ({r.name})", lw=1)
+        pairs = _pairs(members, reference)
+        _draw(ax_loss, [_gap(r, ref, "train", "loss", smooth=True) for r, ref in pairs], _label(members))
+        _draw(ax_bpb, [_gap(r, ref, "val", "bpb", smooth=False) for r, ref in pairs], _label(members), marker=".")
     for ax, ylabel in ((ax_loss, "Δ train loss (EMA)"), (ax_bpb, "Δ val BPB")):
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xlabel("step")
-        ax.set_ylabel(f"{ylabel} vs {reference.name}")
+        ax.set_ylabel(f"{ylabel} vs {row_name(reference)}")
         ax.grid(alpha=0.3)
     _legend(ax_loss)
     fig.suptitle(title)

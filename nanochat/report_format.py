@@ -1,5 +1,7 @@
 """Markdown cells and tables of the report: a dash for a value no run file holds."""
 
+from nanochat.seed_stats import summarize
+
 MISSING = "—"
 
 
@@ -21,3 +23,23 @@ def relative_pct(value, reference):
     if value is None or not reference:
         return None
     return 100.0 * (value / reference - 1.0)
+
+
+def fmt_seeds(values, spec=".3f"):
+    """One cell for a row's values over seeds: the value itself for one seed, else
+    'mean ± std (n=k)' (sample std); a dash when no seed holds a value."""
+    s = summarize(values)
+    if s is None:
+        return MISSING
+    if s.n == 1:
+        return format(s.mean, spec)
+    return f"{s.mean:{spec}} ± {s.std:{spec}} (n={s.n})"
+
+
+def fmt_diff(d, spec=".3f"):
+    """A paired difference with its 95 % interval, or 'unknown' in place of the interval."""
+    if d is None:
+        return MISSING
+    if not d.known:
+        return f"{d.mean:+{spec}} [interval unknown: 1 seed]"
+    return f"{d.mean:+{spec}} [{d.low:+{spec}}, {d.high:+{spec}}] (n={d.n})"

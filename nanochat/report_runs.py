@@ -13,8 +13,13 @@ from pathlib import Path
 
 from nanochat import paper_results as paper
 from nanochat.report_format import MISSING, fmt
+from nanochat.train_config import RESUMABLE_CHANGES
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "core.json", "hc_stats.json")
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "core.json", "hc_stats.json", "failed.json")
+# Settings in which runs of one row may differ: their seeds, their names, and what never
+# changes the weights' trajectory.
+SEED_SETTINGS = {"seed", "data_seed", "model_tag"} | RESUMABLE_CHANGES
+DEFAULT_SEEDS = (42, -1)  # base_train's --seed and --data-seed defaults
 
 
 @dataclass
@@ -28,6 +33,7 @@ class Run:
     metrics: dict = field(default_factory=dict)  # kind -> rows sorted by step
     core: dict | None = None
     hc_stats: dict | None = None
+    failure: dict | None = None  # failed.json: what speedrun recorded when a step of this run failed
 
     def _get(self, key, default=None):
         if self.summary and self.summary.get(key) is not None:
@@ -83,6 +89,8 @@ class Run:
     def status(self):
         if not self.found:
             return "not found"
+        if self.failure:
+            return f"failed ({self.failure.get('stage', '?')}): {self.failure.get('reason', 'no reason logged')}"
         if self.complete:
             return "complete"
         return f"incomplete (step {fmt(self.last_step, 'd')} of {fmt(self.num_iterations, 'd')})"
@@ -133,6 +141,7 @@ def load_run(path, expected_config=None):
         metrics=read_metrics(metrics_path) if metrics_path.is_file() else {},
         core=_read_json(path / "core.json"),
         hc_stats=_read_json(path / "hc_stats.json"),
+        failure=_read_json(path / "failed.json"),
     )
 
 
@@ -267,3 +276,26 @@ def method_label(run):
 def method_order(run):
     order = list(paper.METHOD_NAMES)
     return (order.index(run.variant) if run.variant in order else len(order), run.n or 0, run.name)
+
+
+# ------------------------------------------------------------------------------------------
+# Runs that differ only in their seeds
+
+def seeds_of(run):
+    """(init seed, data-order seed) of a run, base_train's defaults where its config omits them."""
+    return (run.config.get("seed", DEFAULT_SEEDS[0]), run.config.get("data_seed", DEFAULT_SEEDS[1]))
+
+
+def seed_groups(runs):
+    """{name of the first run of a row: the runs of that row, by seed}: runs with the same
+    settings but for their seeds share a row; a run whose settings are unknown is alone."""
+    by_key = {}
+    for r in runs:
+        key = (tuple(sorted((k, repr(v)) for k, v in r.config.items() if k not in SEED_SETTINGS))
+               if r.found and r.config else ("run", r.name))
+        by_key.setdefault(key, []).append(r)
+    groups = {}
+    for members in by_key.values():
+        members.sort(key=lambda r: (seeds_of(r), r.name))
+        groups[members[0].name] = members
+    return groups

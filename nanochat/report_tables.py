@@ -4,7 +4,7 @@ numbers from `nanochat.paper_results` wherever a run matches a paper row."""
 import math
 
 from nanochat import paper_results as paper
-from nanochat.report_format import MISSING, fmt, md_table, relative_pct, signed
+from nanochat.report_format import MISSING, fmt, fmt_seeds, md_table, relative_pct, signed
 from nanochat.report_runs import (core_score, is_default_factors, is_main, method_label, method_order,
                                   paper_key, params, stability, task_accuracy, train_loss, val_bpb)
 
@@ -26,11 +26,34 @@ def residual_reference(runs, depth):
     return refs[0] if refs else None
 
 
-def main_table(runs, depth):
-    """Table 3 layout for one depth: ours beside the paper's numbers."""
+def row_members(r, groups):
+    """The runs of r's row (r and the runs that differ from it only in their seeds)."""
+    return groups.get(r.name, [r]) if groups else [r]
+
+
+def row_runs(runs, groups):
+    """The first run of each row (all runs when there are no groups)."""
+    return [r for r in runs if not groups or r.name in groups]
+
+
+def row_name(members):
+    return members[0].name + (f" (+{len(members) - 1} seed{'s' if len(members) > 2 else ''})" if len(members) > 1 else "")
+
+
+def row_status(members):
+    statuses = [m.status for m in members]
+    if len(set(statuses)) == 1:
+        return statuses[0]
+    return "; ".join(f"{m.name}: {st}" for m, st in zip(members, statuses))
+
+
+def main_table(runs, depth, groups=None):
+    """Table 3 layout for one depth: ours beside the paper's numbers; runs that differ only
+    in their seeds (groups, from `seed_groups`) share a row of mean ± std."""
     ref = residual_reference(runs, depth)
     notes, rows, core_from_training, core_partial = [], [], [], []
-    for r in sorted((r for r in runs if r.depth == depth and is_main(r)), key=method_order):
+    for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and is_main(r)), key=method_order):
+        members = row_members(r, groups)
         p = paper.MAIN.get(paper_key(r)) if paper_key(r) else None
         if r.variant == "residual":
             delta = "--"
@@ -43,17 +66,18 @@ def main_table(runs, depth):
                 delta += " †"
                 notes.append(f"† {r.name}: the non-HC parameters differ from {ref.name} (another vocab or width), "
                              "so its ΔParams is not the connection's cost alone.")
-        core, source = core_score(r)
-        if source and source != "core.json":
-            core_from_training.append(r.name)
-        elif source and r.core.get("partial"):
-            core_partial.append(f"{r.name} ({len(r.core.get('tasks', {}))})")
+        for m in members:
+            source = core_score(m)[1]
+            if source and source != "core.json":
+                core_from_training.append(m.name)
+            elif source and m.core.get("partial"):
+                core_partial.append(f"{m.name} ({len(m.core.get('tasks', {}))})")
         rows.append((
-            method_label(r), r.name, r.status,
+            method_label(r), row_name(members), row_status(members),
             delta, "--" if p and p.delta_params_k is None else fmt(p.delta_params_k if p else None, ".0f"),
-            fmt(train_loss(r)), fmt(p.train_loss if p else None),
-            fmt(val_bpb(r)), fmt(p.val_bpb if p else None),
-            fmt(core), fmt(p.core if p else None),
+            fmt_seeds([train_loss(m) for m in members]), fmt(p.train_loss if p else None),
+            fmt_seeds([val_bpb(m) for m in members]), fmt(p.val_bpb if p else None),
+            fmt_seeds([core_score(m)[0] for m in members]), fmt(p.core if p else None),
         ))
     if not rows:
         return None
@@ -76,18 +100,27 @@ def main_table(runs, depth):
     return "\n\n".join(text + ["\n".join(f"- {n}" for n in dict.fromkeys(notes))])
 
 
-def task_table(runs, depth, columns, paper_rows):
-    """Tables 4/5 layout: for each run a row of ours and, when it matches, the paper's row beneath."""
+def task_average(run, columns):
+    """(mean accuracy of the tasks present, whether some are missing); (None, False) if none is."""
+    accs = [task_accuracy(run, label) for _, label in columns]
+    present = [a for a in accs if a is not None]
+    return (sum(present) / len(present) if present else None), 0 < len(present) < len(accs)
+
+
+def task_table(runs, depth, columns, paper_rows, groups=None):
+    """Tables 4/5 layout: for each row of runs (one per seed group) ours and, when it matches,
+    the paper's row beneath."""
     header = ("Method", "Run", "Avg") + tuple(h for h, _ in columns)
     rows, partial = [], []
-    for r in sorted((r for r in runs if r.depth == depth and is_main(r)), key=method_order):
-        accs = [task_accuracy(r, label) for _, label in columns]
-        present = [a for a in accs if a is not None]
-        avg = fmt(sum(present) / len(present), ".1f") if present else MISSING
-        if present and len(present) < len(accs):
+    for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and is_main(r)), key=method_order):
+        members = row_members(r, groups)
+        averages = [task_average(m, columns) for m in members]
+        avg = fmt_seeds([a for a, _ in averages], ".1f")
+        if any(missing for _, missing in averages):
             avg += "*"
             partial.append(r.name)
-        rows.append((method_label(r), r.name, avg) + tuple(fmt(a, ".1f") for a in accs))
+        rows.append((method_label(r), row_name(members), avg)
+                    + tuple(fmt_seeds([task_accuracy(m, label) for m in members], ".1f") for _, label in columns))
         key = paper_key(r)
         if key in paper_rows:
             rows.append((f"{method_label(r)} (paper)", "", *(fmt(v, ".1f") for v in paper_rows[key])))

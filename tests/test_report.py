@@ -106,7 +106,10 @@ def section(readme, heading):
 
 def table(text):
     """The first markdown table in text as a list of dicts keyed by header (repeated headers get a suffix)."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[start:end]
     header = []
     for cell in (c.strip() for c in rows[0].strip("|").split("|")):
         header.append(cell if cell not in header else f"{cell}#{sum(h.split('#')[0] == cell for h in header)}")
