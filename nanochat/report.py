@@ -57,8 +57,10 @@ def write_report(runs, out_dir, reference="residual", notes=()):
         placed |= {r.name for r in runs if r.depth == depth and is_main(r)}
         parts += [f"## Main results, D={depth} ({paper.MAIN_TABLE})", main]
         seeds = seed_table(runs, depth, groups)
-        if seeds:
+        if seeds and any(len(groups[r.name]) > 1 for r in found if r.depth == depth and r.name in groups):
             parts += [f"### Differences and seed noise, D={depth}", seeds]
+        elif seeds:
+            parts.append(seeds)  # one seed per row: the note alone
         if any(r.metrics for r in group):
             rows = [groups[r.name] for r in group]
             parts.append(f"![loss curves D={depth}]({plot_curves(rows, out / f'loss_d{depth}.png', f'D={depth}').name})")

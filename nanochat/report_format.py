@@ -33,13 +33,21 @@ def fmt_seeds(values, spec=".3f"):
         return MISSING
     if s.n == 1:
         return format(s.mean, spec)
-    return f"{s.mean:{spec}} ± {s.std:{spec}} (n={s.n})"
+    return f"{s.mean:{spec}} ± {s.std:{finer(spec)}} (n={s.n})"
+
+
+def finer(spec):
+    """A fixed-point spec with one more decimal (".3f" -> ".4f"): seed noise and the
+    differences it is weighed against sit a digit below the values themselves."""
+    digits = int(spec[1:-1])
+    return f".{digits + 1}f"
 
 
 def fmt_diff(d, spec=".3f"):
     """A paired difference with its 95 % interval, or 'unknown' in place of the interval."""
     if d is None:
         return MISSING
+    spec = finer(spec)
     if not d.known:
         return f"{d.mean:+{spec}} [interval unknown: 1 seed]"
     return f"{d.mean:+{spec}} [{d.low:+{spec}}, {d.high:+{spec}}] (n={d.n})"

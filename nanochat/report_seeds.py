@@ -9,7 +9,7 @@ so rather than guessing a noise level.
 """
 
 from nanochat import paper_results as paper
-from nanochat.report_format import MISSING, fmt_diff, md_table
+from nanochat.report_format import MISSING, finer, fmt_diff, md_table
 from nanochat.report_runs import core_score, is_main, method_label, method_order, seeds_of, train_loss, val_bpb
 from nanochat.report_tables import row_members, row_name, row_runs
 from nanochat.seed_stats import paired_diff
@@ -44,7 +44,9 @@ def comparisons(runs, depth, groups, metrics):
         members = row_members(r, groups)
         diffs = {}
         for variant, ref in refs.items():
-            if ref[0] is members[0]:
+            # A reference row is compared with the references before it only: residual - mHC
+            # would repeat mHC - residual.
+            if ref[0] is members[0] or (r.variant in REFERENCES and REFERENCES.index(r.variant) < REFERENCES.index(variant)):
                 continue
             for label, metric, _ in metrics:
                 diffs[(variant, label)] = paired_diff(by_seed(members, metric), by_seed(ref, metric))
@@ -52,20 +54,22 @@ def comparisons(runs, depth, groups, metrics):
     return out
 
 
+ONE_SEED = ("- One seed per row: none of these differences can be told from seed noise (intervals unknown). "
+            "Train with SEEDS=k, k >= 2, for intervals; nanochat's repeat runs put CORE's seed-to-seed "
+            f"standard deviation near {NANOCHAT_CORE_STD} on this scale.")
+
+
 def noise_sentence(items, specs):
-    """One sentence from [(text, metric label, PairedDiff)]: beyond the noise, within it, unknown."""
+    """One sentence from [(text, metric label, PairedDiff or None)]: the differences beyond
+    the seed noise, those within it, and those whose interval is unknown."""
     beyond, within, unknown = [], [], []
     for text, label, d in items:
         if d is None:
             continue
-        value = f"{text} ({d.mean:+{specs[label]}})"
+        value = f"{text} ({d.mean:+{finer(specs[label])}})"
         (beyond if d.beyond_noise else within if d.known else unknown).append(value)
-    if not (beyond or within or unknown):
-        return "- No two rows to compare here."
     if not (beyond or within):
-        return ("- One seed per row: none of these differences can be told from seed noise (intervals unknown). "
-                f"Train with SEEDS=k, k >= 2, for intervals; nanochat's repeat runs put CORE's seed-to-seed "
-                f"standard deviation near {NANOCHAT_CORE_STD} on this scale.")
+        return ONE_SEED if unknown else "- No two rows to compare here."
     parts = []
     if beyond:
         parts.append("exceed the seed noise (their 95 % interval excludes zero): " + "; ".join(beyond))
@@ -83,9 +87,11 @@ def seed_table(runs, depth, groups, metrics=MAIN_METRICS):
     refs = [v for v in REFERENCES if any(k[0] == v for _, diffs in rows_and_diffs for k in diffs)]
     if not refs:
         return None
+    specs = {label: spec for label, _, spec in metrics}
+    if all(len(members) == 1 for members, _ in rows_and_diffs):
+        return ONE_SEED  # the table above already holds every difference
     header = ["Method", "Run", "Seeds"] + [f"Δ {label} vs {paper.METHOD_NAMES[v]}" for v in refs
                                           for label, _, _ in metrics]
-    specs = {label: spec for label, _, spec in metrics}
     rows, items = [], []
     for members, diffs in rows_and_diffs:
         r = members[0]
@@ -99,7 +105,7 @@ def seed_table(runs, depth, groups, metrics=MAIN_METRICS):
                 cells.append(fmt_diff(d, spec))
                 items.append((f"{method_label(r)} − {paper.METHOD_NAMES[v]} {label}", label, d))
         rows.append(cells)
-    notes = ["Δ = this row minus the reference row, averaged over the seeds both hold (paired by init and "
+    notes = ["- Δ = this row minus the reference row, averaged over the seeds both hold (paired by init and "
              "data-order seed); in brackets its 95 % interval, mean ± t(0.975, n−1)·sd/√n.",
              noise_sentence(items, specs)]
     return md_table(header, rows) + "\n\n" + "\n".join(notes)

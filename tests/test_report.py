@@ -197,6 +197,24 @@ def test_stability_and_system_tables(built):
     assert krom["paper"] == MISSING  # the paper's system table is D=12 only
 
 
+def test_stability_says_how_far_h_res_moved(tmp_path):
+    """H_res − I and HC params per run, and the sentence naming the exact and the drifting variants."""
+    def stats(row_mae, dists):
+        return {"composite_row_mae": row_mae, "composite_col_mae": 1e-8, "fwd_gain": 1.0, "bwd_gain": 1.0,
+                "layers": [{"identity_dist": d} for d in dists]}
+    dirs = [write_run(tmp_path, "d6_residual", cfg(6, "residual")),
+            write_run(tmp_path, "d6_mhc", cfg(6, "mhc"), hc_params=461_124, hc_stats=stats(0.12, [0.2, 0.4])),
+            write_run(tmp_path, "d6_kromhc", cfg(6, "kromhc"), hc_params=239_796, hc_stats=stats(2e-7, [0.1, 0.2]))]
+    out = tmp_path / "out"
+    report_cli.main(["--runs", *map(str, dirs), "--out", str(out)])
+    text = section((out / "README.md").read_text(), f"## Stability of the composite residual map ({paper.STABILITY_FIGURE})")
+    stab = table(text)
+    assert row(stab, Run="d6_mhc")["H_res − I"] == f"{0.3:.3g}" and row(stab, Run="d6_mhc")["HC params"] == "461,124"
+    assert row(stab, Run="d6_kromhc")["H_res − I"] == f"{0.15:.3g}"
+    assert "H_res left its identity init by mHC 0.3, KromHC 0.15." in text
+    assert "at rounding (< 1e-5): KromHC (2.0e-07)" in text and "more than rounding: mHC (1.2e-01)" in text
+
+
 def test_figures_are_png(built):
     _, out, readme = built
     expected = ["loss_d6.png", "loss_gap_d6.png", "grad_norm_d6.png", "grad_norm_tail_d6.png", "loss_d12.png",
