@@ -45,8 +45,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from nanochat.common import base_dir
-    base = Path(base_dir())
+    if args.runs_root and args.gpu_check:
+        base = None  # both given (speedrun does): no need to import torch for base_dir
+    else:
+        from nanochat.common import base_dir
+        base = Path(base_dir())
     runs_root = Path(args.runs_root) if args.runs_root else base / "runs"
     for path in args.configs:
         if not Path(path).is_file():
