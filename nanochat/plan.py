@@ -5,9 +5,11 @@ model_tag, its --seed, nanochat's fixed data order), so runs finished before see
 count; seed s > 0 is the run `<model_tag>_s<s>` with init seed `seed + s`, and with
 `vary_data_order` also the run `<model_tag>_s<s>_data` whose data order is shuffled by s.
 
-The cost of a run is its training tokens over a measured throughput. Measurements come, in
-this order, from finished run directories (summary.json's median tokens/s, per GPU), then
-from a `gpu_check.json` (schema in `read_gpu_check`), else there is none and the plan says so.
+The cost of a run is its training tokens over a measured throughput: from finished run
+directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (schema in
+`read_gpu_check`), a run directory first when both measured the same variant and depth, a
+measurement of another variant at the same depth (marked ≈) when none did, else none and the
+plan says so.
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
 """
 

@@ -59,7 +59,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     gpu_check = Path(args.gpu_check) if args.gpu_check else base / "gpu_check.json"
-    measured = plan.measured_from_runs(runs_root) or (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
+    measured = plan.measured_from_runs(runs_root) + (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
     if args.tsv:
         Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, *r.flags]) + "\n" for r in runs))
     if args.progress:
