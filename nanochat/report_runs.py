@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nanochat import paper_results as paper
 from nanochat.report_format import MISSING, fmt
-from nanochat.train_config import RESUMABLE_CHANGES
+from nanochat.train_config import FLAGS, RESUMABLE_CHANGES
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "core.json", "hc_stats.json", "failed.json")
 # Settings in which runs of one row may differ: their seeds, their names, and what never
@@ -289,9 +289,12 @@ def seeds_of(run):
 def seed_groups(runs):
     """{name of the first run of a row: the runs of that row, by seed}: runs with the same
     settings but for their seeds share a row; a run whose settings are unknown is alone."""
+    # A run saved before a setting existed ran at its default: fill it in, so that a seed-0 run
+    # finished long ago still shares a row with the seeds trained after it.
+    defaults = {name: default for name, _, default, _ in FLAGS}
     by_key = {}
     for r in runs:
-        key = (tuple(sorted((k, repr(v)) for k, v in r.config.items() if k not in SEED_SETTINGS))
+        key = (tuple(sorted((k, repr(v)) for k, v in {**defaults, **r.config}.items() if k not in SEED_SETTINGS))
                if r.found and r.config else ("run", r.name))
         by_key.setdefault(key, []).append(r)
     groups = {}

@@ -126,3 +126,15 @@ def test_report_of_two_seeds(tmp_path, small_corpus_dir, tokenizer_dir):
     notes = section(readme, "### Differences and seed noise, D=2")
     assert "- Differences that " in notes and "KromHC − Residual val BPB" in notes
     assert (out / "loss_d2.png").is_file() and (out / "loss_gap_d2.png").is_file()
+
+
+def test_seed_groups_ignore_seeds_and_settings_added_later(tmp_path):
+    from nanochat.report_runs import Run, seed_groups
+    base = {"depth": 2, "hc": "mhc", "hc_streams": 4, "model_tag": "a"}
+    runs = [Run("a", tmp_path, config=dict(base)),  # saved before data_seed and eval cadence changes
+            Run("a_s1", tmp_path, config={**base, "model_tag": "a_s1", "seed": 43, "data_seed": -1, "eval_every": 7}),
+            Run("a_s1_data", tmp_path, config={**base, "model_tag": "a_s1_data", "seed": 43, "data_seed": 1}),
+            Run("b", tmp_path, config={**base, "model_tag": "b", "hc_lr": 0.1}),  # another setting: its own row
+            Run("c", tmp_path, found=False)]
+    groups = seed_groups(runs)
+    assert {k: [r.name for r in v] for k, v in groups.items()} == {"a": ["a", "a_s1", "a_s1_data"], "b": ["b"], "c": ["c"]}
