@@ -135,7 +135,8 @@ def test_cpu_demo_configs():
     """Six tiny runs, one per variant, identical but for the connection settings and tag."""
     configs = [load(p) for p in config_files("cpu")]
     assert sorted(c["hc"] for c in configs) == sorted(VARIANTS)
-    conn_keys = {"hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters", "hc_norm_weight", "model_tag"}
+    conn_keys = {"hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_sk_iters", "hc_norm_weight", "model_tag",
+                 "hc_lr", "scalar_lr"}
     shared = [{k: v for k, v in c.items() if k not in conn_keys} for c in configs]
     assert all(s == shared[0] for s in shared), "cpu configs differ beyond the connection settings"
     c = shared[0]
@@ -145,6 +146,10 @@ def test_cpu_demo_configs():
     assert c["total_batch_size"] % (c["device_batch_size"] * c["max_seq_len"]) == 0
     assert c["core_metric_every"] == -1 or c["core_metric_max_per_task"] <= 32
     assert all(cfg.get("hc_streams", 4) == paper.PAPER_STREAMS for cfg in configs if cfg["hc"] != "residual")
+    # One connection LR for every HC variant, high enough that H_res leaves its identity init in
+    # the demo's few steps (see the configs' comment).
+    assert len({cfg["hc_lr"] for cfg in configs if cfg["hc"] != "residual"}) == 1
+    assert next(cfg["hc_lr"] for cfg in configs if cfg["hc"] != "residual") > 25 * paper.HYPERPARAMS["hc_lr"]
 
 
 @pytest.mark.parametrize("path", config_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -10,25 +10,10 @@ import sys
 
 import pytest
 from test_report import row, table
+from test_seeds import TINY_CONFIG
 from test_train_e2e import REPO, env_for, make_base
 
 from nanochat.failure import reason
-
-TINY_CONFIG = """depth = 2
-aspect_ratio = 32
-head_dim = 32
-max_seq_len = 64
-window_pattern = "SL"
-device_batch_size = 4
-total_batch_size = 512
-num_iterations = 2
-eval_every = -1
-eval_tokens = 512
-core_metric_every = -1
-sample_every = -1
-hc_stats_every = -1
-device_type = "cpu"
-"""
 
 # The real functions, with base_eval of one run replaced by a failing stand-in.
 DRIVER = r"""
