@@ -68,7 +68,7 @@ echo "speedrun: mode $MODE, $NPROC process(es), base dir $NANOCHAT_BASE_DIR"
 PLAN_ARGS=(--configs "${CONFIGS[@]}" --seeds "${SEEDS:-1}" --nproc "$NPROC" --runs-root "$NANOCHAT_BASE_DIR/runs"
            --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
 [ "${VARY_DATA_ORDER:-0}" = 1 ] && PLAN_ARGS+=(--vary-data-order)
-[ "$MODE" = cpu ] && UNIT=CPU-process || UNIT=GPU
+[ "$MODE" = cpu ] && UNIT=CPU || UNIT=GPU
 PLAN_FILE="$NANOCHAT_BASE_DIR/speedrun_$MODE.tsv"
 python -m scripts.plan "${PLAN_ARGS[@]}" --unit "$UNIT" --tsv "$PLAN_FILE"
 

@@ -227,7 +227,7 @@ def plan_table(runs, measured, nproc, unit="GPU"):
     lines = [text_table(("run", "variant", "D", "steps", "tokens", "status", f"tokens/s per {unit} (from)",
                          f"{unit}-hours"), rows)]
     todo = [r for r in runs if not r.finished]
-    head = f"{len(todo)} of {len(runs)} runs to train on {nproc} {unit}(s)"
+    head = f"{len(todo)} of {len(runs)} runs to train, on {nproc} x {unit}"
     if len(unknown) == len(todo):
         lines.append(f"{head}: their cost cannot be estimated")
     else:
