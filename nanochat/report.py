@@ -17,9 +17,9 @@ from nanochat.report_figures import (plot_curves, plot_gap, plot_grad_norms, plo
                                      series)
 from nanochat.report_runs import is_default_factors, is_main, method_order, seed_groups
 from nanochat.report_seeds import seed_table, task_sentence
-from nanochat.report_tables import (alpha_table, same_factors, factorization_table, identity_table, main_table,
-                                    n_scaling_table, other_runs_table, paper_reference, params_vs_n_table,
-                                    runs_table, stability_table, system_table, task_average, task_table)
+from nanochat.report_tables import (alpha_table, factorization_table, identity_table, main_table, n_scaling_table,
+                                    other_runs_table, paper_reference, params_vs_n_table, runs_table, same_factors,
+                                    stability_table, system_table, task_average, task_table)
 
 
 def select_reference(group, reference):
