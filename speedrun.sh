@@ -8,12 +8,17 @@
 #   bash speedrun.sh ablations    # factorization, shared alpha, identity H_res (D=12)
 #   bash speedrun.sh all          # every GPU mode above
 #
-# Environment: NPROC (processes per node; default: every visible GPU), WANDB_RUN (wandb
-# run-name prefix; default: no wandb), NANOCHAT_BASE_DIR (data, tokenizer, runs; default
-# ~/.cache/nanochat; the cpu demo keeps its own files under <base>/cpu-demo so its offline
-# corpus and small tokenizer never mix with real data), NANOCHAT_EVAL_BUNDLE (a local CORE
-# bundle instead of downloading it). Finished runs are skipped, interrupted ones resume.
-# For several nodes, run train steps yourself with torchrun --nnodes (see README.md).
+# Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
+# default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
+# seed + s), VARY_DATA_ORDER=1 (seeds > 0 also shuffle the data order: <model_tag>_s<s>_data),
+# WANDB_RUN (wandb run-name prefix; default: no wandb), NANOCHAT_BASE_DIR (data, tokenizer,
+# runs; default ~/.cache/nanochat; the cpu demo keeps its own files under <base>/cpu-demo so its
+# offline corpus and small tokenizer never mix with real data), NANOCHAT_EVAL_BUNDLE (a local
+# CORE bundle instead of downloading it). Before training it prints the runs, their steps and
+# tokens and the estimated GPU-hours (scripts.plan). Finished runs are skipped, interrupted ones
+# resume; a run that fails (its log line in the report) does not stop the others, and the script
+# then exits non-zero. For several nodes, run train steps yourself with torchrun --nnodes (see
+# README.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -59,6 +64,14 @@ fi
 mkdir -p "$NANOCHAT_BASE_DIR"
 echo "speedrun: mode $MODE, $NPROC process(es), base dir $NANOCHAT_BASE_DIR"
 
+# ---- the plan: every run of the mode and its cost, before anything is spent
+PLAN_ARGS=(--configs "${CONFIGS[@]}" --seeds "${SEEDS:-1}" --nproc "$NPROC" --runs-root "$NANOCHAT_BASE_DIR/runs"
+           --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
+[ "${VARY_DATA_ORDER:-0}" = 1 ] && PLAN_ARGS+=(--vary-data-order)
+[ "$MODE" = cpu ] && UNIT=CPU || UNIT=GPU
+PLAN_FILE="$NANOCHAT_BASE_DIR/speedrun_$MODE.tsv"
+python -m scripts.plan "${PLAN_ARGS[@]}" --unit "$UNIT" --tsv "$PLAN_FILE"
+
 # ---- data: the first shards now (the tokenizer trains on them), the rest in the background
 if [ "$MODE" = cpu ]; then
     python -m nanochat.dataset --offline-fallback -n "$SHARDS"
@@ -102,39 +115,19 @@ then
     fi
 fi
 
-launch() {
-    if [ "$NPROC" -gt 1 ]; then
-        torchrun --standalone --nproc_per_node="$NPROC" "$@"
-    else
-        python "$@"
-    fi
-}
-
-# ---- train and evaluate every config of the mode
-RUN_DIRS=()
-for config in "${CONFIGS[@]}"; do
-    tag=$(python -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['model_tag'])" "$config")
-    run_dir="$NANOCHAT_BASE_DIR/runs/$tag"
-    RUN_DIRS+=("$run_dir")
-    run_name=dummy
-    [ "$WANDB_RUN" = dummy ] || run_name="${WANDB_RUN}_${tag}"
-    if [ -f "$run_dir/summary.json" ]; then
-        echo "speedrun: $tag already trained, skipping"
-    else
-        echo "speedrun: training $tag ($config)"
-        launch -m scripts.base_train --config "$config" --resume true --run "$run_name" \
-            $([ "$CORE" = 1 ] || echo "--core-metric-every -1")
-    fi
-    if [ ! -f "$run_dir/eval.json" ]; then
-        evals="bpb,sample"
-        [ "$CORE" = 1 ] && evals="core,$evals"
-        launch -m scripts.base_eval --model-tag "$tag" --eval "$evals" "${EVAL_ARGS[@]}"
-    fi
-    if [ ! -f "$run_dir/hc_stats.json" ]; then
-        python -m scripts.hc_report --checkpoint "$run_dir"
-    fi
-done
+# ---- train, evaluate and diagnose every run of the plan (scripts/speedrun_lib.sh)
+source scripts/speedrun_lib.sh
+TRAIN_ARGS=()
+[ "$CORE" = 1 ] || TRAIN_ARGS=(--core-metric-every -1)
+EVALS="bpb,sample"
+[ "$CORE" = 1 ] && EVALS="core,$EVALS"
+run_all "$PLAN_FILE" || true  # the failures are listed below, after the report
 
 # ---- the report: tables and figures beside the paper's numbers
 python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "${CONFIGS[@]}" --out report
+if [ "${#FAILED[@]}" -gt 0 ]; then
+    echo "speedrun: report/README.md written; ${#FAILED[@]} run(s) failed (logs in $NANOCHAT_BASE_DIR/logs):" >&2
+    printf '  %s\n' "${FAILED[@]}" >&2
+    exit 1
+fi
 echo "speedrun: done; see report/README.md"

@@ -7,7 +7,10 @@ shortest one is cropped to fill the row exactly (its remainder is dropped). So e
 starts with BOS and there is no padding. x = row[:-1], y = row[1:].
 
 Rank r of W reads row groups r, r+W, r+2W, ... of every file of the split, in file order;
-after the last file it starts again at file 0 with the next epoch.
+after the last file it starts again at file 0 with the next epoch. With an `order_seed`, each
+rank reads its row groups in an order shuffled by that seed instead (the same order every
+epoch), so that runs can differ in their data order alone; without one the order is
+nanochat's fixed one.
 
 state_dict() describes what next() has consumed, never what the prefetch thread read
 ahead: the position of the last document taken into the buffer, and the buffered
@@ -83,7 +86,7 @@ class BestFitLoader:
     assembled in pinned host memory and copied with one non-blocking host-to-device copy."""
 
     def __init__(self, tokenizer, B, T, split, device="cpu", rank=0, world_size=1, data_dir=None, state=None,
-                 buffer_size=1000, tokenizer_threads=4, tokenizer_batch_size=128):
+                 buffer_size=1000, tokenizer_threads=4, tokenizer_batch_size=128, order_seed=None):
         if B <= 0 or T <= 0 or buffer_size <= 0 or tokenizer_batch_size <= 0:
             raise ValueError(f"B, T, buffer_size and tokenizer_batch_size must be positive "
                              f"(got {B}, {T}, {buffer_size}, {tokenizer_batch_size})")
@@ -98,6 +101,10 @@ class BestFitLoader:
         # This rank's row groups in reading order, as (file index, row group index).
         metas = [pq.ParquetFile(path).metadata for path in self.paths]
         self.plan = [(f, rg) for f, meta in enumerate(metas) for rg in range(rank, meta.num_row_groups, world_size)]
+        if order_seed is not None:
+            # The state refers to row groups by (file, row group), so a resumed loader finds its
+            # place in the same shuffled plan.
+            np.random.default_rng(order_seed).shuffle(self.plan)
         # A split smaller than the buffer (a local val shard) would otherwise be cycled
         # through several epochs just to fill it: hold at most one epoch of this rank's share.
         epoch_docs = sum(metas[f].row_group(rg).num_rows for f, rg in self.plan)

@@ -39,6 +39,8 @@ FLAGS = [
     ("model_tag", str, "", "run directory name under $NANOCHAT_BASE_DIR/runs (default d<depth>_<hc>)"),
     ("device_type", str, "", "cuda | cpu | mps (empty: autodetect)"),
     ("seed", int, 42, "seed for initialization"),
+    ("data_seed", int, -1, "seed that shuffles the order of the training data's row groups "
+                           "(-1: nanochat's fixed order, files and row groups in sequence)"),
     ("compile", _bool, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
     ("data_dir", str, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
     ("vocab_size", int, 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),

@@ -32,6 +32,7 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
                              peak_memory_mib, print0, synchronize)
 from nanochat.gpt import build_model, model_config_from_depth  # noqa: E402
+from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import FLAGS, RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
 
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
@@ -299,7 +300,8 @@ def main(argv=None):
 
     data_dir = args.data_dir or None
     train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
-                                 world_size=info.world_size, data_dir=data_dir, state=loader_state)
+                                 world_size=info.world_size, data_dir=data_dir, state=loader_state,
+                                 order_seed=args.data_seed if args.data_seed >= 0 else None)
     # Stop the prefetch thread on every way out (errors included): a thread still inside the
     # tokenizer while the interpreter shuts down aborts the process.
     atexit.register(train_loader.close)
@@ -384,6 +386,8 @@ def main(argv=None):
     # ---- the loop: N+1 passes, the last one only saves and evaluates
     step = start_step
     gc.collect()
+    loop.setdefault("elapsed", 0.0)  # wall time of earlier processes of this run (checkpoints before it lack it)
+    elapsed_before, t_start = loop["elapsed"], time.time()
     while True:
         last = step == num_iterations
         if step != start_step and due(args.save_every, step, last):
@@ -450,9 +454,13 @@ def main(argv=None):
         mfu = 100 * flops_per_token * tokens_per_step / dt / (peak_flops * info.world_size)
         norms = optimizer.grad_norms
         peak_mem = peak_memory_mib(device)
+        # Wall time, evaluations included, so the ETA is what the user will wait.
+        loop["elapsed"] = elapsed_before + time.time() - t_start
+        eta = (time.time() - t_start) / (step + 1 - start_step) * (num_iterations - step - 1)
         print0(f"step {step:05d}/{num_iterations} | loss {train_loss:.4f} (smooth {smooth:.4f}) | lrm {lrm:.3f} | "
                f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
-               f"mfu {mfu:.2f} | epoch {train_loader.epoch}")
+               f"mfu {mfu:.2f} | epoch {train_loader.epoch} | elapsed {format_duration(loop['elapsed'])} | "
+               f"eta {format_duration(eta)}")
         log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
                 hc_grad_norm=connection_grad_norm(norms), tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,

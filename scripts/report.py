@@ -12,7 +12,7 @@ run directory; with --runs-root, only those); runs not there yet still appear, m
 import argparse
 from pathlib import Path
 
-from nanochat import report
+from nanochat import report, report_runs
 
 
 def parse_args(argv=None):
@@ -42,20 +42,20 @@ def collect_runs(args):
         else:
             from nanochat.common import base_dir
             root = Path(base_dir()) / "runs"
-        dirs = None if args.configs else report.discover_runs(root)
+        dirs = None if args.configs else report_runs.discover_runs(root)
     if args.configs:
-        configs = [report.read_config(p) for p in report.config_files(args.configs)]
+        configs = [report_runs.read_config(p) for p in report_runs.config_files(args.configs)]
         if dirs is None:
-            return [report.load_run(root / c["model_tag"], expected_config=c) for c in configs]
+            return [report_runs.load_run(root / c["model_tag"], expected_config=c) for c in configs]
         by_name = {d.name: d for d in dirs}
-        runs = [report.load_run(by_name.get(c["model_tag"], Path(c["model_tag"])), expected_config=c)
+        runs = [report_runs.load_run(by_name.get(c["model_tag"], Path(c["model_tag"])), expected_config=c)
                 for c in configs]
         tags = {c["model_tag"] for c in configs}
-        runs += [report.load_run(d) for d in dirs if d.name not in tags]
+        runs += [report_runs.load_run(d) for d in dirs if d.name not in tags]
         return runs
     if not dirs:
         raise SystemExit(f"no run directories under {root}: train first (speedrun.sh), or pass --runs DIR ...")
-    return [report.load_run(d) for d in dirs]
+    return [report_runs.load_run(d) for d in dirs]
 
 
 def main(argv=None):

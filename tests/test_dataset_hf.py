@@ -290,7 +290,8 @@ def test_a_bad_source_through_the_cli_has_no_traceback(tmp_path, source):
 def test_tokenizer_and_model_train_on_a_converted_corpus(tmp_path, source, tokenizer_dir):
     from test_train_e2e import train
 
-    from nanochat import report
+    from nanochat.report import write_report
+    from nanochat.report_runs import load_run
     from scripts import tok_train
 
     data = tmp_path / "corpus"
@@ -309,7 +310,7 @@ def test_tokenizer_and_model_train_on_a_converted_corpus(tmp_path, source, token
     assert summary["complete"] and summary["step"] == 5
     corpus = json.load(open(run / "corpus.json"))
     assert corpus["marker"]["dataset"] == "json" and corpus["data_dir"] == str(data)
-    readme = report.write_report([report.load_run(run)], tmp_path / "report")
+    readme = write_report([load_run(run)], tmp_path / "report")
     assert f"- Trained on json (split train, files {source}/*.jsonl, 120 documents): hf" in readme.read_text()
 
 

@@ -7,7 +7,9 @@ import math
 import pytest
 
 from nanochat import paper_results as paper
-from nanochat import report
+from nanochat.report_format import MISSING
+from nanochat.report import write_report
+from nanochat.report_runs import load_run, read_metrics
 from scripts import report as report_cli
 
 STEPS = 40
@@ -104,7 +106,10 @@ def section(readme, heading):
 
 def table(text):
     """The first markdown table in text as a list of dicts keyed by header (repeated headers get a suffix)."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[start:end]
     header = []
     for cell in (c.strip() for c in rows[0].strip("|").split("|")):
         header.append(cell if cell not in header else f"{cell}#{sum(h.split('#')[0] == cell for h in header)}")
@@ -137,12 +142,12 @@ def test_missing_and_incomplete_runs(built):
     lite = row(rows, Run="d6_mhc_lite")
     assert lite["Status"] == f"incomplete (step 19 of {STEPS - 1})"
     assert lite["Train loss"] == f"{3.7 + 2.0 * math.exp(-19 / 10) + 0.01:.3f}"  # last logged loss_smooth
-    assert lite["ΔParams (K)"] == report.MISSING and lite["CORE"] == report.MISSING
+    assert lite["ΔParams (K)"] == MISSING and lite["CORE"] == MISSING
     assert lite["paper"] == f"{paper.MAIN[(6, 'mhc_lite')].delta_params_k:.0f}"
     assert f"not found: `{root / 'd6_hc'}`" in readme
     runs = table(section(readme, "## Runs"))
     assert row(runs, Run="d6_hc")["Status"] == "not found"
-    assert row(runs, Run="d6_hc")["Method"] == report.MISSING  # its config is unknown: no guess
+    assert row(runs, Run="d6_hc")["Method"] == MISSING  # its config is unknown: no guess
     assert "d6_hc" not in readme.split("## The paper's numbers")[0].split("## Ablations")[1]
 
 
@@ -152,14 +157,14 @@ def test_core_task_tables(built):
     ours = row(rows, Run="d6_kromhc")
     accs = [100 * (0.30 + 0.01 * i) for i, (_, label) in enumerate(paper.COMMONSENSE_COLUMNS) if label != "hellaswag"]
     assert ours["Avg"] == f"{sum(accs) / len(accs):.1f}*"
-    assert ours["HS"] == report.MISSING and ours["HS-ZS"] == f"{100 * 0.31:.1f}"
+    assert ours["HS"] == MISSING and ours["HS-ZS"] == f"{100 * 0.31:.1f}"
     paper_row = row(rows, Method="KromHC (paper)")
     assert rows.index(paper_row) == rows.index(ours) + 1
     assert [paper_row[h] for h in ("Avg", "HS", "BoolQ")] == [f"{v:.1f}" for v in
                                                              (paper.COMMONSENSE[(6, "kromhc")][0],
                                                               paper.COMMONSENSE[(6, "kromhc")][1],
                                                               paper.COMMONSENSE[(6, "kromhc")][-1])]
-    assert row(rows, Run="d6_mhc")["Avg"] == report.MISSING  # no CORE at all
+    assert row(rows, Run="d6_mhc")["Avg"] == MISSING  # no CORE at all
 
 
 def test_n_scaling_and_ablations(built):
@@ -185,11 +190,29 @@ def test_stability_and_system_tables(built):
     mhc = row(stab, Run="d12_mhc")
     assert mhc["row MAE"] == f"{0.031:.2e}" and mhc["paper"] == "≈0.05" and mhc["source"] == "hc_stats.json"
     assert mhc["col MAE"] == f"{1e-7:.2e}"
-    assert row(stab, Run="d6_kromhc")["row MAE"] == report.MISSING
+    assert row(stab, Run="d6_kromhc")["row MAE"] == MISSING
     system = table(section(readme, f"## System metrics ({paper.SYSTEM_TABLE})").split("### D=6", 1)[1])
     krom = row(system, Run="d6_kromhc")
     assert krom["Δ% vs mHC"] == f"{100 * (1000 / 800 - 1):+.2f}" and krom["Δ%"] == f"{100 * (0.5 / 0.625 - 1):+.2f}"
-    assert krom["paper"] == report.MISSING  # the paper's system table is D=12 only
+    assert krom["paper"] == MISSING  # the paper's system table is D=12 only
+
+
+def test_stability_says_how_far_h_res_moved(tmp_path):
+    """H_res − I and HC params per run, and the sentence naming the exact and the drifting variants."""
+    def stats(row_mae, dists):
+        return {"composite_row_mae": row_mae, "composite_col_mae": 1e-8, "fwd_gain": 1.0, "bwd_gain": 1.0,
+                "layers": [{"identity_dist": d} for d in dists]}
+    dirs = [write_run(tmp_path, "d6_residual", cfg(6, "residual")),
+            write_run(tmp_path, "d6_mhc", cfg(6, "mhc"), hc_params=461_124, hc_stats=stats(0.12, [0.2, 0.4])),
+            write_run(tmp_path, "d6_kromhc", cfg(6, "kromhc"), hc_params=239_796, hc_stats=stats(2e-7, [0.1, 0.2]))]
+    out = tmp_path / "out"
+    report_cli.main(["--runs", *map(str, dirs), "--out", str(out)])
+    text = section((out / "README.md").read_text(), f"## Stability of the composite residual map ({paper.STABILITY_FIGURE})")
+    stab = table(text)
+    assert row(stab, Run="d6_mhc")["H_res − I"] == f"{0.3:.3g}" and row(stab, Run="d6_mhc")["HC params"] == "461,124"
+    assert row(stab, Run="d6_kromhc")["H_res − I"] == f"{0.15:.3g}"
+    assert "H_res left its identity init by mHC 0.3, KromHC 0.15." in text
+    assert "at rounding (< 1e-5): KromHC (2.0e-07)" in text and "more than rounding: mHC (1.2e-01)" in text
 
 
 def test_figures_are_png(built):
@@ -219,7 +242,7 @@ def test_configs_list_expected_runs(tmp_path):
         (configs / f"{tag}.toml").write_text(f'depth = 6\nhc = "{hc}"\nhc_streams = 4\nmodel_tag = "{tag}"\n')
     runs = report_cli.collect_runs(report_cli.parse_args(["--runs-root", str(root), "--configs", str(configs)]))
     assert [(r.name, r.found) for r in runs] == [("cpu_kromhc", False), ("cpu_residual", True)]
-    readme = report.write_report(runs, tmp_path / "out").read_text()
+    readme = write_report(runs, tmp_path / "out").read_text()
     main = table(section(readme, f"## Main results, D=6 ({paper.MAIN_TABLE})"))
     assert row(main, Run="cpu_kromhc")["Status"] == "not found"
     assert row(main, Run="cpu_kromhc")["paper"] == f"{paper.MAIN[(6, 'kromhc')].delta_params_k:.0f}"
@@ -229,11 +252,11 @@ def test_read_metrics_resume_and_torn_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "kind": "train", "loss": 5.0}\n{"step": 2, "kind": "train", "loss": 4.0}\n'
                     '{"step": 2, "kind": "train", "loss": 3.5}\n{"step": 3, "kind": "tr')
-    rows = report.read_metrics(path)["train"]
+    rows = read_metrics(path)["train"]
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 5.0), (2, 3.5)]
     path.write_text('{"step": 1, "kind": "train"}\nnot json\n{"step": 2, "kind": "train"}\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2"):
-        report.read_metrics(path)
+        read_metrics(path)
 
 
 def test_no_runs_is_a_clear_error(tmp_path):
@@ -275,7 +298,7 @@ def test_fidelity_notes(tmp_path, built):
     assert "--vocab-size 65536 --value-embeds false" in notes and "No run here uses that layout" in notes
     assert "+0.05 %" in notes and "±0.001" in notes and "4d8dbaf" in notes
     root = tmp_path / "runs"
-    runs = [report.load_run(write_run(root, "d12_residual_sized", cfg(12, "residual", value_embeds=False))),
-            report.load_run(write_run(root, "d12_residual", cfg(12, "residual")))]
-    notes = section(report.write_report(runs, tmp_path / "out").read_text(), "## Fidelity notes")
+    runs = [load_run(write_run(root, "d12_residual_sized", cfg(12, "residual", value_embeds=False))),
+            load_run(write_run(root, "d12_residual", cfg(12, "residual")))]
+    notes = section(write_report(runs, tmp_path / "out").read_text(), "## Fidelity notes")
     assert "Runs here in that layout: d12_residual_sized." in notes

@@ -1,0 +1,81 @@
+"""speedrun.sh's run loop (scripts/speedrun_lib.sh) at tiny size: a config that fails in
+training and a run whose evaluation fails do not stop the run after them; each is recorded
+with the log line that says why, the report marks them failed, and the loop returns non-zero.
+Also the line picked from a log as the reason."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from test_report import row, table
+from test_seeds import TINY_CONFIG
+from test_train_e2e import REPO, env_for, make_base
+
+from nanochat.failure import reason
+
+# The real functions, with base_eval of one run replaced by a failing stand-in.
+DRIVER = r"""
+set -euo pipefail
+source scripts/speedrun_lib.sh
+real_launch() { python "$@"; }
+launch() {
+    if [ "$2" = scripts.base_eval ] && [ "$4" = t_kromhc ]; then
+        echo "evaluating t_kromhc"; echo "error: simulated evaluation failure"; return 3
+    fi
+    real_launch "$@"
+}
+NPROC=1 WANDB_RUN=dummy
+PLAN_ARGS=(--configs "$@" --runs-root "$NANOCHAT_BASE_DIR/runs" --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
+TRAIN_ARGS=()
+EVALS=bpb
+EVAL_ARGS=(--split-tokens 512 --device-batch-size 4 --device-type cpu)
+python -m scripts.plan "${PLAN_ARGS[@]}" --tsv "$NANOCHAT_BASE_DIR/plan.tsv"
+status=0
+run_all "$NANOCHAT_BASE_DIR/plan.tsv" || status=$?
+python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "$@" --out "$NANOCHAT_BASE_DIR/report"
+echo "failed: ${FAILED[*]}"
+exit "$status"
+"""
+
+
+def test_reason_is_the_line_that_says_why():
+    assert reason("step 1\nerror: --depth must be positive\nbye\n") == "error: --depth must be positive"
+    assert reason("Traceback (most recent call last):\n  File x\nValueError: bad\n") == "ValueError: bad"
+    assert reason("step 9\nterminate called without an active exception\n") == \
+        "terminate called without an active exception"
+    assert reason("step 1\nstep 2\n") == "step 2" and reason("") is None
+
+
+@pytest.mark.slow
+def test_one_failure_does_not_stop_the_others(tmp_path, small_corpus_dir, tokenizer_dir):
+    base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
+    configs = []
+    for name, body in (("t_bad", 'hc = "no_such_variant"\n'), ("t_kromhc", 'hc = "kromhc"\nhc_streams = 4\n'),
+                       ("t_residual", 'hc = "residual"\n')):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(TINY_CONFIG + body + f'model_tag = "{name}"\n')
+        configs.append(str(path))
+    env = env_for(base)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # `python` is this venv's
+    proc = subprocess.run(["bash", "-c", DRIVER, "driver", *configs], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "run 1 of 3: t_bad" in out and "run 3 of 3: t_residual" in out
+    assert "failed: t_bad (training) t_kromhc (evaluation)" in out
+    runs = tmp_path / "base" / "runs"
+    bad = json.loads((runs / "t_bad" / "failed.json").read_text())
+    assert bad["stage"] == "training" and bad["exit_status"] != 0
+    assert bad["reason"].startswith("error:") and "no_such_variant" in bad["reason"]
+    krom = json.loads((runs / "t_kromhc" / "failed.json").read_text())
+    assert krom == {"stage": "evaluation", "exit_status": 3, "reason": "error: simulated evaluation failure",
+                    "log": str(tmp_path / "base" / "logs" / "t_kromhc.eval.log")}
+    assert (runs / "t_kromhc" / "summary.json").is_file()  # its training stands
+    assert (runs / "t_residual" / "eval.json").is_file() and not (runs / "t_residual" / "failed.json").exists()
+    readme = (tmp_path / "base" / "report" / "README.md").read_text()
+    listed = table(readme.split("## Runs", 1)[1])
+    assert row(listed, Run="t_kromhc")["Status"] == "failed (evaluation): error: simulated evaluation failure"
+    assert row(listed, Run="t_bad")["Status"].startswith("failed (training): error:")
+    assert row(listed, Run="t_residual")["Status"] == "complete"
