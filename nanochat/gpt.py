@@ -6,7 +6,8 @@ MLP, on q and k (after rotary) and before the head; rotary base 10000; relu^2 ML
 width; no biases; untied embedding and head; value embeddings on alternating layers mixed
 into v through a per-head gate; logits softcapped at 15 in fp32; vocab padded to a multiple
 of 64; sliding windows from a pattern string; GQA; meta-device construction followed by
-`init_weights()`. What changes is the trunk: the sub-layers are wrapped by connection
+`init_weights()`. The attention kernel is chosen by `attention` (flex | sdpa | auto), in
+one place (`CausalSelfAttention.forward`). What changes is the trunk: the sub-layers are wrapped by connection
 layers that own the (B, T, n, C) stream state.
 """
 
@@ -16,8 +17,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from nanochat import connections
+
+
+ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 
 
 @dataclass
@@ -38,6 +43,10 @@ class GPTConfig:
     hc_sk_iters: int = 20
     hc_norm_weight: bool = True
     hc_recompute: bool = False
+    # Attention kernel: "flex" (FlexAttention, block-sparse sliding windows), "sdpa"
+    # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
+    # sdpa elsewhere). Checkpoints written before the field existed load as "auto".
+    attention: str = "auto"
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -46,6 +55,8 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head} (GQA groups)")
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
             raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
         self.hc_factors = list(self.hc_factors or [])
         connections.resolve_config(self)
 
@@ -100,12 +111,56 @@ def attention_mask(t_q, t_k, window, device):
     return (k_pos <= q_pos) & (k_pos >= q_pos - window), False
 
 
+def attention_backend(attention, device):
+    """The kernel `attention` resolves to on `device`: auto means flex on CUDA (where the
+    compiled FlexAttention kernel skips the blocks outside a window) and sdpa elsewhere."""
+    if attention == "auto":
+        return "flex" if torch.device(device).type == "cuda" else "sdpa"
+    return attention
+
+
+# FlexAttention block masks by (length, window, device). Building one evaluates the mask
+# over all T x T positions, so it is built once and reused by every layer and step, as
+# FlexAttention users do (torchtitan keeps them in a class-level dict). A plain dict read
+# is safe under torch.compile: dynamo guards on the key it looks up (an entry added later,
+# e.g. for an evaluation prompt, does not recompile the training graph), and a mask missed
+# while compiling is built inside the graph without being stored.
+_BLOCK_MASKS = {}
+
+
+def sliding_window_block_mask(t, window, device):
+    """Causal block mask over t positions where each query sees at most `window` earlier
+    keys (the same rule as `attention_mask`)."""
+    key = (t, window, torch.device(device))
+    mask = _BLOCK_MASKS.get(key)
+    if mask is None:
+        def causal_window(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx - kv_idx <= window)
+
+        mask = create_block_mask(causal_window, None, None, t, t, device=device)
+        if not torch.compiler.is_compiling():
+            _BLOCK_MASKS[key] = mask
+    return mask
+
+
+# Only the compiled FlexAttention is block-sparse (eager runs a dense reference); inside a
+# compiled model the call is traced into the model's graph. Compilation is lazy.
+_compiled_flex = torch.compile(flex_attention)
+
+
+def _flex_kernel(device_type):
+    """The compiled kernel on CUDA; eager elsewhere, where it serves the CPU tests (forward
+    only: eager FlexAttention on CPU has no backward)."""
+    return _compiled_flex if device_type == "cuda" else flex_attention
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
+        self.attention = config.attention
         self.head_dim = config.n_embd // config.n_head
         C, hd = config.n_embd, self.head_dim
         self.c_q = nn.Linear(C, self.n_head * hd, bias=False)
@@ -129,11 +184,21 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
-        if kv_cache is not None:
-            k, v = kv_cache.insert(self.layer_idx, k, v)
-        mask, is_causal = attention_mask(T, k.size(2), window, x.device)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=self.n_kv_head != self.n_head)
+        gqa = self.n_kv_head != self.n_head
+        if kv_cache is None and window < T and attention_backend(self.attention, x.device) == "flex":
+            # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
+            # mask (no flash kernel, every masked block computed) and a block mask skips work.
+            block_mask = sliding_window_block_mask(T, window, x.device)
+            y = _flex_kernel(x.device.type)(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        else:
+            # SDPA for full-context layers (flash with is_causal) and for decoding through the
+            # KV cache: there the queries are the last T of a prefix whose length changes every
+            # token, so a block mask would be rebuilt per step, and a one-row query has no
+            # blocks to skip.
+            if kv_cache is not None:
+                k, v = kv_cache.insert(self.layer_idx, k, v)
+            mask, is_causal = attention_mask(T, k.size(2), window, x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -48,6 +48,8 @@ FLAGS = [
     ("head_dim", int, 128, "attention head dimension"),
     ("max_seq_len", int, 2048, "context length"),
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
+    ("attention", str, "auto", "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | "
+                               "auto (flex on CUDA, sdpa elsewhere)"),
     # connections
     ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc"),
     ("hc_streams", int, 0, "number of streams n (0: the variant's default, 4 for HC variants)"),

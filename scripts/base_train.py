@@ -31,7 +31,7 @@ import torch.distributed as dist  # noqa: E402
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
                              peak_memory_mib, print0, synchronize)
-from nanochat.gpt import build_model, model_config_from_depth  # noqa: E402
+from nanochat.gpt import attention_backend, build_model, model_config_from_depth  # noqa: E402
 from nanochat.train_config import RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
 
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
@@ -189,9 +189,12 @@ def main(argv=None):
                      hc_norm_weight=args.hc_norm_weight, hc_recompute=args.hc_recompute)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
-                                         args.head_dim, args.window_pattern, **hc_fields)
+                                         args.head_dim, args.window_pattern, attention=args.attention, **hc_fields)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
+        raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
+                         f"{device.type}); use --attention auto or sdpa")
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
     values = settings(args)
@@ -240,7 +243,8 @@ def main(argv=None):
            f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
     print0(f"LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay in force: "
            f"{weight_decay:.4g} (= {args.weight_decay} x (12/{args.depth})^2, as nanochat scales it)")
-    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}")
+    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}, "
+           f"attention {attention_backend(config.attention, device)} (--attention {config.attention})")
 
     try:  # on every rank (it reads metadata only), so that all of them stop together
         check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
