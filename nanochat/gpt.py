@@ -332,7 +332,8 @@ class GPT(nn.Module):
                                lr=embedding_lr * dmodel_scale, betas=adam_betas))
         hc_params = list(self.connections.parameters())
         if hc_params:
-            groups.append(dict(adamw, name="hc", params=hc_params, lr=hc_lr, betas=hc_betas))
+            # replicated: the many small connection tensors travel as one flat all-reduce
+            groups.append(dict(adamw, name="hc", params=hc_params, lr=hc_lr, betas=hc_betas, replicated=True))
         matrices = list(self.transformer.h.parameters())
         for shape in sorted({tuple(p.shape) for p in matrices}):
             groups.append(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",

@@ -30,7 +30,7 @@ import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
-                             peak_memory_mib, print0, synchronize)
+                             peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model, model_config_from_depth  # noqa: E402
 from nanochat.train_config import RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
 
@@ -359,6 +359,7 @@ def main(argv=None):
     # ---- the loop: N+1 passes, the last one only saves and evaluates
     step = start_step
     gc.collect()
+    batch = None  # the next step's first micro-batch, fetched while the GPU still works
     while True:
         last = step == num_iterations
         if step != start_step and due(args.save_every, step, last):
@@ -383,16 +384,25 @@ def main(argv=None):
         if last:
             break
 
-        # ---- one optimizer step
-        synchronize(device)
+        # ---- one optimizer step. The GPU is kept busy: each micro-batch is fetched (packed on
+        # the CPU, copied from pinned memory without blocking) while the previous backward
+        # runs; the distributed optimizer's reductions start from gradient hooks during the
+        # last backward; loss and grad norms are read only after the whole step is queued.
         t0 = time.time()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(accum):
-            x, y = next(train_loader)
+        for micro in range(accum):
+            x, y = batch if batch is not None else next(train_loader)
+            batch = None
             with autocast:
                 loss = model(x, y)
             loss_sum += loss.detach()
+            if micro == accum - 1:
+                optimizer.launch_reductions_in_backward()
             (loss / accum).backward()
+            # Prefetch the next micro-batch; across the step boundary only when the next step
+            # saves no checkpoint, whose loader state must not include unconsumed batches.
+            if micro < accum - 1 or (step + 1 < num_iterations and not due(args.save_every, step + 1, False)):
+                batch = next(train_loader)
         lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * lrm
@@ -405,8 +415,7 @@ def main(argv=None):
         if info.ddp:
             dist.all_reduce(train_loss)  # gloo has no AVG: sum, then divide
             train_loss /= info.world_size
-        train_loss = train_loss.item()
-        synchronize(device)
+        train_loss = train_loss.item()  # the step's one host synchronization
         dt = time.time() - t0
         if not math.isfinite(train_loss):
             good = ckpt.latest_step(run_dir)
@@ -433,7 +442,16 @@ def main(argv=None):
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
         step += 1
+        # As nanochat: after the first step (compilation done) freeze what exists and stop the
+        # cyclic garbage collector, whose scans paused steps for ~500 ms; collect by hand rarely.
+        if step == start_step + 1:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+        elif step % 5000 == 0:
+            gc.collect()
 
+    gc.enable()
     if master:
         summary = {
             "complete": True, "step": step, "num_iterations": num_iterations,
