@@ -154,6 +154,19 @@ def _flex_kernel(device_type):
     return _compiled_flex if device_type == "cuda" else flex_attention
 
 
+def flex_attend(q, k, v, window, enable_gqa=False):
+    """Causal attention over q, k, v (B, H, T, D) of one sequence, each query seeing at most
+    `window` earlier keys, by FlexAttention with the cached block mask."""
+    block_mask = sliding_window_block_mask(q.size(2), window, q.device)
+    return _flex_kernel(q.device.type)(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def sdpa_attend(q, k, v, window, enable_gqa=False):
+    """The same by scaled_dot_product_attention, the queries being the last of the keys."""
+    mask, is_causal = attention_mask(q.size(2), k.size(2), window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -188,8 +201,7 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is None and window < T and attention_backend(self.attention, x.device) == "flex":
             # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
             # mask (no flash kernel, every masked block computed) and a block mask skips work.
-            block_mask = sliding_window_block_mask(T, window, x.device)
-            y = _flex_kernel(x.device.type)(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+            y = flex_attend(q, k, v, window, gqa)
         else:
             # SDPA for full-context layers (flash with is_causal) and for decoding through the
             # KV cache: there the queries are the last T of a prefix whose length changes every
@@ -197,8 +209,7 @@ class CausalSelfAttention(nn.Module):
             # blocks to skip.
             if kv_cache is not None:
                 k, v = kv_cache.insert(self.layer_idx, k, v)
-            mask, is_causal = attention_mask(T, k.size(2), window, x.device)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
+            y = sdpa_attend(q, k, v, window, gqa)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

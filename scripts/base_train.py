@@ -451,6 +451,7 @@ def main(argv=None):
         elif step % 5000 == 0:
             gc.collect()
 
+    gc.unfreeze()
     gc.enable()
     if master:
         summary = {
