@@ -11,6 +11,7 @@ one place (`CausalSelfAttention.forward`). What changes is the trunk: the sub-la
 layers that own the (B, T, n, C) stream state.
 """
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -143,22 +144,31 @@ def sliding_window_block_mask(t, window, device):
     return mask
 
 
-# Only the compiled FlexAttention is block-sparse (eager runs a dense reference); inside a
-# compiled model the call is traced into the model's graph. Compilation is lazy.
-_compiled_flex = torch.compile(flex_attention)
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention)
 
 
 def _flex_kernel(device_type):
-    """The compiled kernel on CUDA; eager elsewhere, where it serves the CPU tests (forward
-    only: eager FlexAttention on CPU has no backward)."""
-    return _compiled_flex if device_type == "cuda" else flex_attention
+    """FlexAttention as it should run: inside a compiled model, the plain function (the
+    model's compilation covers it); in an eager model on CUDA, its own compiled form (only
+    that is block-sparse; built on first use, since creating it imports the compiler); on
+    the CPU, eager, which serves the tests (forward only: no backward on CPU)."""
+    if torch.compiler.is_compiling() or device_type != "cuda":
+        return flex_attention
+    return _compiled_flex()
 
 
 def flex_attend(q, k, v, window, enable_gqa=False):
     """Causal attention over q, k, v (B, H, T, D) of one sequence, each query seeing at most
     `window` earlier keys, by FlexAttention with the cached block mask."""
     block_mask = sliding_window_block_mask(q.size(2), window, q.device)
-    return _flex_kernel(q.device.type)(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    # Autocast casts SDPA's inputs to its dtype but leaves FlexAttention alone, and on CUDA
+    # it runs rms_norm in fp32: q and k arrive in fp32 beside a bf16 v. Cast as SDPA would.
+    device_type = q.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return _flex_kernel(device_type)(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
 
 def sdpa_attend(q, k, v, window, enable_gqa=False):
@@ -289,6 +299,12 @@ class GPT(nn.Module):
         cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
+        if attention_backend(self.config.attention, self.cos.device) == "flex":
+            # The training length's block masks, built here, outside any compiled region, so
+            # that a compiled forward finds them in the cache instead of rebuilding them.
+            T = self.config.sequence_len
+            for window in sorted({w for w in self.window_sizes if w < T}):
+                sliding_window_block_mask(T, window, self.cos.device)
         if self.transformer.wte.weight.device.type == "cuda":
             # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
             # AdamW state follows); the lookups feed bf16 compute anyway.

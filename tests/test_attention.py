@@ -68,15 +68,34 @@ def test_flex_model_decodes_through_the_kv_cache():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_flex_casts_mixed_inputs_as_autocast_casts_sdpa():
+    """Under CUDA autocast rms_norm returns fp32, so q and k reach the kernel in fp32 beside
+    a bf16 v; SDPA is cast to the autocast dtype, and FlexAttention must be too."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 4, 150, 16, generator=gen), torch.randn(2, 2, 150, 16, generator=gen)
+    v = torch.randn(2, 2, 150, 16, generator=gen).bfloat16()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = gpt.sdpa_attend(q, k, v, 80, enable_gqa=True)
+        got = gpt.flex_attend(q, k, v, 80, enable_gqa=True)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_block_mask_is_built_once_and_reused():
+    """The training length's masks are built with the model (outside any compiled region),
+    other lengths on first use; every later forward reuses them."""
     gpt._BLOCK_MASKS.clear()
-    model, idx = _model("flex"), _tokens(1, 150)
+    model = _model("flex")
+    cpu = torch.device("cpu")
+    assert list(gpt._BLOCK_MASKS) == [(160, 80, cpu)]  # two S layers, one window
+    built = gpt._BLOCK_MASKS[(160, 80, cpu)]
     with torch.no_grad():
-        model(idx)
-        masks = dict(gpt._BLOCK_MASKS)
-        model(idx)
-    assert list(masks) == [(150, 80, torch.device("cpu"))]  # two S layers, one window
-    assert gpt._BLOCK_MASKS[(150, 80, torch.device("cpu"))] is masks[(150, 80, torch.device("cpu"))]
+        model(_tokens(1, 160))
+        model(_tokens(1, 150))
+        shorter = gpt._BLOCK_MASKS[(150, 80, cpu)]
+        model(_tokens(1, 150))
+    assert gpt._BLOCK_MASKS[(160, 80, cpu)] is built and gpt._BLOCK_MASKS[(150, 80, cpu)] is shorter
+    assert len(gpt._BLOCK_MASKS) == 2
 
 
 def test_flex_model_traces_as_one_graph():
