@@ -324,7 +324,9 @@ class DistMuonAdamW(MuonAdamW):
     Each reduction is a "unit" (the flat buffer, one sharded param, one muon group). After
     `launch_reductions_in_backward()`, gradient hooks launch a unit's reduction as soon as
     backward has finished all of its gradients, so communication overlaps the rest of the
-    backward (as modded-nanogpt does); step() launches whatever was not launched, then, in
+    backward (as modded-nanogpt does). Under a whole-model torch.compile the backward is one
+    graph that hands over every gradient at its end: the hooks then fire together, and what
+    is saved is only the wait for step(). step() launches whatever was not launched, then, in
     launch order, waits, updates what this rank owns and launches the all-gathers, and
     finally waits for the gathers. Either way every collective and every update is the same,
     so the results are identical.

@@ -181,6 +181,12 @@ def model_case(args, variant, recompute, device, dtype, autocast):
 
 # ----- measuring -----
 
+def allow_compiled_cases(count):
+    """Each compiled case is one more graph of the same forward code; past dynamo's
+    recompile limit (8 per code object) the others would silently run eagerly."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * count)
+
+
 def time_interleaved(cases, warmup, reps, device):
     """{label: [seconds per step]}: each repetition runs every case once, starting from a
     different case each time."""
@@ -262,6 +268,8 @@ def run_bench(args, bench, device, dtype, autocast):
             label = variant + (" +recompute" if recompute else "")
             cases[label] = dict(variant=variant, recompute=recompute,
                                 **build(args, variant, recompute, device, dtype, autocast))
+    if args.compile:
+        allow_compiled_cases(len(cases))
     times = time_interleaved(cases, args.warmup, args.reps, device)
     rows = []
     for label, case in cases.items():

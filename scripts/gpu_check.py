@@ -170,11 +170,11 @@ def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, au
             case["step"]()
             return case, batch
         except torch.OutOfMemoryError:
-            case = None
-            _free_memory(device)
             if batch == 1:
                 raise
-            batch //= 2
+        case = None  # freed once the exception (and the frames it holds) is gone
+        _free_memory(device)
+        batch //= 2
 
 
 def model_section(prof, variants, device, dtype, autocast, compile_model):
@@ -184,6 +184,8 @@ def model_section(prof, variants, device, dtype, autocast, compile_model):
     for depth in prof["depths"]:
         cases = {}
         plan = [(v, v, "SSSL") for v in variants] + [(FULL_CAUSAL, "residual", "L")]
+        torch._dynamo.reset()  # the previous depth's graphs are done with
+        bench.allow_compiled_cases(len(plan))
         for label, variant, pattern in plan:
             case, batch = _fitting_case(prof, depth, variant, pattern, prof["batch"], device, dtype, autocast,
                                         compile_model)
@@ -309,6 +311,8 @@ def train_section(prof, variants, steps, device):
                                peak_mem_mib=summary["peak_mem_mib"])
                 except (Exception, SystemExit) as e:  # one variant's failure must not hide the others
                     row.update(ok=False, error=f"{type(e).__name__}: {e}")
+                    gc.unfreeze()  # base_train stops the collector for its loop; a failure leaves it so
+                    gc.enable()
                 row["wall_s"] = time.time() - t0
                 rows.append(row)
                 _free_memory(device)
