@@ -98,8 +98,11 @@ def test_block_mask_is_built_once_and_reused():
     assert len(gpt._BLOCK_MASKS) == 2
 
 
-def test_flex_model_traces_as_one_graph():
-    model, idx = _model("flex", hc="kromhc"), _tokens(1, 150)
+@pytest.mark.parametrize("T", [160, 150], ids=["cached-mask", "mask-built-in-graph"])
+def test_flex_model_traces_as_one_graph(T):
+    """At the training length the block mask comes from the cache; at another length it is
+    built inside the traced graph. Neither breaks the graph."""
+    model, idx = _model("flex", hc="kromhc"), _tokens(1, T)
     with torch.no_grad():
         explained = torch._dynamo.explain(model)(idx)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
