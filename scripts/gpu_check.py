@@ -253,10 +253,13 @@ def grads_section(prof, variants, device, dtype, autocast, compile_backend):
 _CITIES = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Egypt", "Cairo"),
            ("Peru", "Lima"), ("Kenya", "Nairobi"), ("Norway", "Oslo"), ("Chile", "Santiago"), ("India", "Delhi")]
 _WORDS = "the a small large red blue quick slow river stone garden window music paper light water".split()
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
 
 
 def generated_documents(count, seed=0):
     rng = random.Random(seed)
+    # A few thousand pseudo-words give the tokenizer something to merge beyond digits.
+    words = _WORDS + ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
     docs = []
     for _ in range(count):
         sentences = []
@@ -272,7 +275,7 @@ def generated_documents(count, seed=0):
                 start = rng.randint(0, 50)
                 sentences.append("Counting: " + ", ".join(str(start + i) for i in range(rng.randint(3, 8))) + ".")
             else:
-                sentences.append(" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 10))).capitalize() + ".")
+                sentences.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))).capitalize() + ".")
         docs.append(" ".join(sentences))
     return docs
 
