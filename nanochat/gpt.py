@@ -6,9 +6,9 @@ MLP, on q and k (after rotary) and before the head; rotary base 10000; relu^2 ML
 width; no biases; untied embedding and head; value embeddings on alternating layers mixed
 into v through a per-head gate; logits softcapped at 15 in fp32; vocab padded to a multiple
 of 64; sliding windows from a pattern string; GQA; meta-device construction followed by
-`init_weights()`. The attention kernel is chosen by `attention` (flex | sdpa | auto), in
-one place (`CausalSelfAttention.forward`). What changes is the trunk: the sub-layers are wrapped by connection
-layers that own the (B, T, n, C) stream state.
+`init_weights()`. What changes is the trunk: the sub-layers are wrapped by connection
+layers that own the (B, T, n, C) stream state. The attention kernel is chosen by the
+`attention` field (flex | sdpa | auto) in one place, `CausalSelfAttention.forward`.
 """
 
 import functools

@@ -100,7 +100,8 @@ def env_info(device):
     if device.type != "cuda":
         info["device_name"] = platform.processor() or platform.machine()
         return info
-    info.update(device_name=torch.cuda.get_device_name(device), capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+    info.update(device_name=torch.cuda.get_device_name(device),
+                capability=".".join(map(str, torch.cuda.get_device_capability(device))),
                 cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
                 memory_gib=round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1))
     # Which fused SDPA kernel the S (explicit mask) and L (is_causal) layers get on this stack.
