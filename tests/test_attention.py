@@ -98,12 +98,13 @@ def test_block_mask_is_built_once_and_reused():
     assert len(gpt._BLOCK_MASKS) == 2
 
 
-@pytest.mark.parametrize("T", [160, 150], ids=["cached-mask", "mask-built-in-graph"])
-def test_flex_model_traces_as_one_graph(T):
+@pytest.mark.parametrize("T, autocast", [(160, False), (150, True)],
+                         ids=["cached-mask", "mask-built-in-graph-bf16-autocast"])
+def test_flex_model_traces_as_one_graph(T, autocast):
     """At the training length the block mask comes from the cache; at another length it is
-    built inside the traced graph. Neither breaks the graph."""
+    built inside the traced graph; under autocast the inputs are cast. Nothing breaks the graph."""
     model, idx = _model("flex", hc="kromhc"), _tokens(1, T)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         explained = torch._dynamo.explain(model)(idx)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
