@@ -17,8 +17,10 @@ run still leaves what it measured):
   train      a 20-step scripts.base_train run (uncompiled model) of every variant on a
              generated corpus (shards and tokenizer written locally), ending with val bpb,
              samples through the KV cache and connection diagnostics
-Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized to run
-in under 10 minutes on one H100; --sections runs a subset.
+Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized for
+10 minutes on one H100, most of it compilation (14 compiled models): D12 runs before D6,
+and no new case starts after --time-budget seconds (default 540); what is left is listed
+as skipped, for a second call with --sections, --depths or --variants (and another --out).
 
 Without CUDA (or with --tiny) the same sections run at toy sizes, uncompiled models (the
 connection layers are still traced by dynamo, without code generation) and forward-only
@@ -48,7 +50,7 @@ FULL_CAUSAL = "residual (full causal)"
 
 # Sizes per profile. gpu: the paper's D6/D12 models (head dim 128, T 2048, device batch 32).
 PROFILES = {
-    "gpu": dict(depths=[6, 12], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
+    "gpu": dict(depths=[12, 6], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
                 attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
                 train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
                        "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000),
@@ -80,14 +82,31 @@ def build_parser():
                    help=f"what to run (default: all: {' '.join(SECTIONS)})")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="V",
                    help="connection variants (default: all)")
-    p.add_argument("--depths", nargs="+", type=_positive_int, help="model depths (default 6 12; tiny: 1 2)")
+    p.add_argument("--depths", nargs="+", type=_positive_int, help="model depths (default 12 6; tiny: 1 2)")
     p.add_argument("--batch", type=_positive_int, help="device batch of the model section (default 32; halved on OOM)")
     p.add_argument("--reps", type=_positive_int, help="timed repetitions per case (default 5; tiny: 2)")
     p.add_argument("--train-steps", type=_positive_int, default=20, help="base_train steps per variant (default 20)")
+    p.add_argument("--time-budget", type=_positive_int, default=540,
+                   help="seconds after which no new case starts; what is left is listed as skipped (default 540)")
     return p
 
 
 # ----------------------------------------------------------------------------- sections
+
+class Budget:
+    """The run's time budget: work that would start after it is skipped and listed, so that
+    the command always ends with a report (a later run with --sections/--depths fills in)."""
+
+    def __init__(self, seconds):
+        self.end = time.time() + seconds
+        self.skipped = []
+
+    def allows(self, what):
+        if time.time() < self.end:
+            return True
+        self.skipped.append(what)
+        return False
+
 
 def env_info(device):
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": device.type,
@@ -178,19 +197,25 @@ def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, au
         batch //= 2
 
 
-def model_section(prof, variants, device, dtype, autocast, compile_model):
+def model_section(prof, variants, device, dtype, autocast, compile_model, budget):
     """Per depth: every variant plus full-causal residual, timed interleaved in one run."""
     rows = []
     peak_flops = get_peak_flops(device)
     for depth in prof["depths"]:
         cases = {}
-        plan = [(v, v, "SSSL") for v in variants] + [(FULL_CAUSAL, "residual", "L")]
+        # residual and its full-causal twin first: the windowing target needs both
+        plan = [(v, v, "SSSL") for v in variants]
+        plan.insert(1 if "residual" in variants else 0, (FULL_CAUSAL, "residual", "L"))
         torch._dynamo.reset()  # the previous depth's graphs are done with
         bench.allow_compiled_cases(len(plan))
         for label, variant, pattern in plan:
+            if not budget.allows(f"model D{depth} {label}"):
+                continue
             case, batch = _fitting_case(prof, depth, variant, pattern, prof["batch"], device, dtype, autocast,
                                         compile_model)
             cases[label] = dict(case, variant=variant, batch=batch, window_pattern=pattern)
+        if not cases:
+            continue
         times = bench.time_interleaved(cases, prof["warmup"], prof["reps"], device)
         depth_rows = []
         for label, case in cases.items():
@@ -215,12 +240,14 @@ def model_section(prof, variants, device, dtype, autocast, compile_model):
     return rows
 
 
-def grads_section(prof, variants, device, dtype, autocast, compile_backend):
+def grads_section(prof, variants, device, dtype, autocast, compile_backend, budget):
     """Relative gap |g_compiled - g_eager| / |g_eager| of X's and every parameter's gradient
     through one connection layer, the projection weight away from its zero init."""
     layer = prof["layer"]
     rows = []
     for variant in variants:
+        if not budget.allows(f"grads {variant}"):
+            continue
         args = bench.parse_args(["--bench", "layer", "--width", str(layer["width"]), "--head-dim",
                                  str(prof["head_dim"]), "--seq-len", str(layer["seq_len"]), "--batch",
                                  str(layer["batch"]), "--streams", "4"])
@@ -281,7 +308,7 @@ def generated_documents(count, seed=0):
     return docs
 
 
-def train_section(prof, variants, steps, device):
+def train_section(prof, variants, steps, device, budget):
     """scripts.base_train, in this process, on a generated corpus in a temporary directory."""
     from nanochat.dataset import write_corpus
     from nanochat.tokenizer import Tokenizer
@@ -297,6 +324,8 @@ def train_section(prof, variants, steps, device):
                          shard_chars=200_000)
             Tokenizer.train_from_iterator(iter(docs), prof["vocab_train"]).save(os.path.join(base, "tokenizer"))
             for variant in variants:
+                if not budget.allows(f"train {variant}"):
+                    continue
                 # Uncompiled: the compiled model is measured above, and compiling six more models
                 # would not fit the time budget; the optimizer kernels still compile on CUDA.
                 argv = prof["train"] + ["--hc", variant, "--num-iterations", str(steps), "--model-tag", variant,
@@ -377,6 +406,9 @@ def markdown(result):
                              _f(r.get("val_bpb"), ".4f"), _f(r.get("tok_per_sec"), ",.0f"),
                              _f(r.get("step_time"), ".3f"), f"{r['wall_s']:.0f}"] for r in result["train"]])]
     lines += ["", "Seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items())]
+    if result["skipped"]:
+        lines += ["", "Skipped (time budget; run them with --sections / --depths / --variants): "
+                  + ", ".join(result["skipped"])]
     if result["errors"]:
         lines += ["", "## Errors", ""] + [f"- {e}" for e in result["errors"]]
     return "\n".join(lines) + "\n"
@@ -407,14 +439,15 @@ def main(argv=None):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     compile_model = device.type == "cuda"
+    budget = Budget(args.time_budget)
     result = {"profile": profile, "args": vars(args), "sizes": prof, "env": env_info(device), "elapsed_s": {},
-              "errors": []}
+              "errors": [], "skipped": budget.skipped}
     sections = {
         "attention": lambda: attention_section(prof, device, dtype),
-        "model": lambda: model_section(prof, args.variants, device, dtype, autocast, compile_model),
+        "model": lambda: model_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
         "grads": lambda: grads_section(prof, args.variants, device, dtype, autocast,
-                                       "inductor" if compile_model else "eager"),
-        "train": lambda: train_section(prof, args.variants, args.train_steps, device),
+                                       "inductor" if compile_model else "eager", budget),
+        "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
     }
     for name in SECTIONS[1:]:
         if name not in args.sections:

@@ -24,7 +24,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert attention["S flex"]["window"] == 128 and attention["L flex"]["window"] == 256
 
     model = result["model"]
-    labels = list(bench.VARIANTS) + [gpu_check.FULL_CAUSAL]
+    labels = ["residual", gpu_check.FULL_CAUSAL, *bench.VARIANTS[1:]]
     assert [(r["depth"], r["label"]) for r in model] == [(d, v) for d in (1, 2) for v in labels]
     for depth in (1, 2):
         rows = {r["label"]: r for r in model if r["depth"] == depth}
@@ -52,7 +52,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--reps", "--batch", "--depths", "--train-steps"])
+@pytest.mark.parametrize("flag", ["--reps", "--batch", "--depths", "--train-steps", "--time-budget"])
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_numeric_flags_reject_bad_values(flag, value, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -69,3 +69,17 @@ def test_missing_out_directory_is_one_error(tmp_path, capsys):
         gpu_check.main(["--out", str(tmp_path / "nowhere"), "--sections", "env"])
     assert exc.value.code == 2
     assert "create it first" in capsys.readouterr().err
+
+
+def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
+    """A budget that runs out after the first depth's residual pair: the rest of the model
+    section and all of the train section are listed as skipped, not failed."""
+    allowed = {"model D1 residual", f"model D1 {gpu_check.FULL_CAUSAL}"}
+    monkeypatch.setattr(gpu_check.Budget, "allows",
+                        lambda self, what: what in allowed or self.skipped.append(what))
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "model", "train"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [r["label"] for r in result["model"]] == ["residual", gpu_check.FULL_CAUSAL]
+    assert result["train"] == [] and result["errors"] == []
+    assert "model D2 residual" in result["skipped"] and "train kromhc" in result["skipped"]
+    assert "Skipped (time budget" in (tmp_path / "gpu_check.md").read_text()
