@@ -265,7 +265,6 @@ def ranks(tmp_path_factory):
 
 
 def test_distributed_matches_single_process(ranks):
-
     full = slice(0, toy.BATCH)
     params, groups = toy.make_problem()
     opt = MuonAdamW(groups)
