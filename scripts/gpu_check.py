@@ -41,7 +41,7 @@ from contextlib import nullcontext
 import torch
 
 from nanochat import gpt
-from nanochat.common import get_peak_flops
+from nanochat.common import get_peak_flops, text_table
 from scripts import bench
 
 SECTIONS = ("env", "attention", "model", "grads", "train")
@@ -363,9 +363,17 @@ def _f(value, spec):
     return "-" if value is None else format(value, spec)
 
 
-def markdown(result):
-    from nanochat.report import md_table  # imports matplotlib: only when writing
+def md_table(header, rows):
+    """The report's markdown table; a console table in a code block where matplotlib (which
+    nanochat.report imports) is not installed, so the GPU machine's report never fails."""
+    try:
+        from nanochat.report import md_table as table
+    except ImportError:
+        return "```\n" + text_table(header, rows) + "\n```"
+    return table(header, rows)
 
+
+def markdown(result):
     env, lines = result["env"], ["# gpu_check", ""]
     measured = env.get("device") == "cuda"
     lines.append(f"{env.get('device_name')} ({env.get('device')}), torch {env.get('torch')}, CUDA {env.get('cuda')}, "
