@@ -7,17 +7,23 @@ width; no biases; untied embedding and head; value embeddings on alternating lay
 into v through a per-head gate; logits softcapped at 15 in fp32; vocab padded to a multiple
 of 64; sliding windows from a pattern string; GQA; meta-device construction followed by
 `init_weights()`. What changes is the trunk: the sub-layers are wrapped by connection
-layers that own the (B, T, n, C) stream state.
+layers that own the (B, T, n, C) stream state. The attention kernel is chosen by the
+`attention` field (flex | sdpa | auto) in one place, `CausalSelfAttention.forward`.
 """
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from nanochat import connections
+
+
+ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 
 
 @dataclass
@@ -42,6 +48,10 @@ class GPTConfig:
     hc_norm_weight: bool = True
     hc_recompute: bool = False
     hc_kernels: str = "torch"  # stream-op backend: torch | liger | auto (connections/ops.py)
+    # Attention kernel: "flex" (FlexAttention, block-sparse sliding windows), "sdpa"
+    # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
+    # sdpa elsewhere). Checkpoints written before the field existed load as "auto".
+    attention: str = "auto"
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -50,6 +60,8 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head} (GQA groups)")
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
             raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
         self.hc_factors = list(self.hc_factors or [])
         connections.resolve_config(self)
 
@@ -104,12 +116,78 @@ def attention_mask(t_q, t_k, window, device):
     return (k_pos <= q_pos) & (k_pos >= q_pos - window), False
 
 
+def attention_backend(attention, device):
+    """The kernel `attention` resolves to on `device`: auto means flex on CUDA (where the
+    compiled FlexAttention kernel skips the blocks outside a window) and sdpa elsewhere."""
+    if attention == "auto":
+        return "flex" if torch.device(device).type == "cuda" else "sdpa"
+    return attention
+
+
+# FlexAttention block masks by (length, window, device). Building one evaluates the mask
+# over all T x T positions, so it is built once and reused by every layer and step, as
+# FlexAttention users do (torchtitan keeps them in a class-level dict). A plain dict read
+# is safe under torch.compile: dynamo guards on the key it looks up (an entry added later,
+# e.g. for an evaluation prompt, does not recompile the training graph), and a mask missed
+# while compiling is built inside the graph without being stored.
+_BLOCK_MASKS = {}
+
+
+def sliding_window_block_mask(t, window, device):
+    """Causal block mask over t positions where each query sees at most `window` earlier
+    keys (the same rule as `attention_mask`)."""
+    key = (t, window, torch.device(device))
+    mask = _BLOCK_MASKS.get(key)
+    if mask is None:
+        def causal_window(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx - kv_idx <= window)
+
+        mask = create_block_mask(causal_window, None, None, t, t, device=device)
+        if not torch.compiler.is_compiling():
+            _BLOCK_MASKS[key] = mask
+    return mask
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention)
+
+
+def _flex_kernel(device_type):
+    """FlexAttention as it should run: inside a compiled model, the plain function (the
+    model's compilation covers it); in an eager model on CUDA, its own compiled form (only
+    that is block-sparse; built on first use, since creating it imports the compiler); on
+    the CPU, eager, which serves the tests (forward only: no backward on CPU)."""
+    if torch.compiler.is_compiling() or device_type != "cuda":
+        return flex_attention
+    return _compiled_flex()
+
+
+def flex_attend(q, k, v, window, enable_gqa=False):
+    """Causal attention over q, k, v (B, H, T, D) of one sequence, each query seeing at most
+    `window` earlier keys, by FlexAttention with the cached block mask."""
+    block_mask = sliding_window_block_mask(q.size(2), window, q.device)
+    # Autocast casts SDPA's inputs to its dtype but leaves FlexAttention alone, and on CUDA
+    # it runs rms_norm in fp32: q and k arrive in fp32 beside a bf16 v. Cast as SDPA would.
+    device_type = q.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return _flex_kernel(device_type)(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+def sdpa_attend(q, k, v, window, enable_gqa=False):
+    """The same by scaled_dot_product_attention, the queries being the last of the keys."""
+    mask, is_causal = attention_mask(q.size(2), k.size(2), window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
+        self.attention = config.attention
         self.head_dim = config.n_embd // config.n_head
         C, hd = config.n_embd, self.head_dim
         self.c_q = nn.Linear(C, self.n_head * hd, bias=False)
@@ -133,11 +211,19 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
-        if kv_cache is not None:
-            k, v = kv_cache.insert(self.layer_idx, k, v)
-        mask, is_causal = attention_mask(T, k.size(2), window, x.device)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=self.n_kv_head != self.n_head)
+        gqa = self.n_kv_head != self.n_head
+        if kv_cache is None and window < T and attention_backend(self.attention, x.device) == "flex":
+            # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
+            # mask (no flash kernel, every masked block computed) and a block mask skips work.
+            y = flex_attend(q, k, v, window, gqa)
+        else:
+            # SDPA for full-context layers (flash with is_causal) and for decoding through the
+            # KV cache: there the queries are the last T of a prefix whose length changes every
+            # token, so a block mask would be rebuilt per step, and a one-row query has no
+            # blocks to skip.
+            if kv_cache is not None:
+                k, v = kv_cache.insert(self.layer_idx, k, v)
+            y = sdpa_attend(q, k, v, window, gqa)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -217,6 +303,12 @@ class GPT(nn.Module):
         cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
+        if attention_backend(self.config.attention, self.cos.device) == "flex":
+            # The training length's block masks, built here, outside any compiled region, so
+            # that a compiled forward finds them in the cache instead of rebuilding them.
+            T = self.config.sequence_len
+            for window in sorted({w for w in self.window_sizes if w < T}):
+                sliding_window_block_mask(T, window, self.cos.device)
         if self.transformer.wte.weight.device.type == "cuda":
             # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
             # AdamW state follows); the lookups feed bf16 compute anyway.
@@ -274,7 +366,9 @@ class GPT(nn.Module):
         if len(self.value_embeds):
             groups.append(dict(adamw, name="value_embeds", params=list(self.value_embeds.parameters()),
                                lr=embedding_lr * dmodel_scale, betas=adam_betas))
-        groups += [dict(adamw, **g) for g in self.connections.param_groups(hc_lr, scalar_lr, hc_betas, x0_betas)]
+        # replicated: the many small connection tensors travel as one flat all-reduce
+        groups += [dict(adamw, replicated=True, **g)
+                   for g in self.connections.param_groups(hc_lr, scalar_lr, hc_betas, x0_betas)]
         matrices = list(self.transformer.h.parameters())
         for shape in sorted({tuple(p.shape) for p in matrices}):
             groups.append(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",

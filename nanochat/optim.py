@@ -4,7 +4,8 @@ the transformer's matrices, in one torch.optim.Optimizer with nanochat's math (c
 state across ranks (ZeRO-2 style, no DDP wrapper); `build_optimizer` picks one.
 
 Groups are dicts with "kind":
-  "adamw": params, lr, betas, eps (1e-10), weight_decay (0)
+  "adamw": params, lr, betas, eps (1e-10), weight_decay (0), replicated (False: see
+           DistMuonAdamW)
   "muon":  params of one 2-D shape, lr, momentum (0.95), ns_steps (5), beta2 (0.95),
            weight_decay (0)
 and an optional "name" (default "<kind><index>"), which keys the gradient norms. Every group
@@ -12,11 +13,13 @@ gets "initial_lr" = lr. The training loop may change lr, momentum and weight_dec
 steps; the kernels take them as 0-D CPU tensors so that a compiled kernel never recompiles
 for a new value.
 
-step(measure_grad_norm=True) also leaves `optimizer.grad_norms` = {"total": float,
-<group name>: float, ...}: L2 norms of the rank-averaged gradients, groups sharing a name
-pooled. Without the flag it is None and the step does no extra synchronization.
+step(measure_grad_norm=True) also leaves `optimizer.grad_norms`, a read-only mapping
+{"total": float, <group name>: float, ...}: L2 norms of the rank-averaged gradients, groups
+sharing a name pooled. They stay on the device until first read, so the step itself never
+waits for the host; read them when logging. Without the flag it is None.
 """
 
+import collections.abc
 import functools
 import os
 
@@ -43,7 +46,7 @@ COMPILE_ON_CUDA = os.environ.get("NANOCHAT_COMPILE_OPTIM", "1") != "0"
 # DistMuonAdamW all-reduces AdamW params below this size instead of sharding them.
 SMALL_PARAM_NUMEL = 1024
 
-_ADAMW_DEFAULTS = {"eps": 1e-10, "weight_decay": 0.0}
+_ADAMW_DEFAULTS = {"eps": 1e-10, "weight_decay": 0.0, "replicated": False}
 _MUON_DEFAULTS = {"momentum": 0.95, "ns_steps": 5, "beta2": 0.95, "weight_decay": 0.0}
 _REQUIRED = {"adamw": ("lr", "betas"), "muon": ("lr",)}
 _COMMON_KEYS = {"params", "kind", "name", "lr", "initial_lr"}
@@ -120,6 +123,29 @@ def _ortho_dtype(device_type):
     """Polar Express runs in bf16 where the model computes in bf16 (CUDA sm80+), as nanochat
     does; elsewhere (CPU, MPS, older GPUs) in fp32, which is exact enough and, on CPU, faster."""
     return torch.bfloat16 if compute_dtype(device_type) == torch.bfloat16 else torch.float32
+
+
+class GradNorms(collections.abc.Mapping):
+    """{"total": norm, <group name>: norm, ...} from a device vector of squared norms per
+    name, copied to the host on the first read (the one synchronization they cost)."""
+
+    def __init__(self, names, sq):
+        self._names, self._sq, self._values = names, sq, None
+
+    def _resolve(self):
+        if self._values is None:
+            squares = self._sq.tolist()
+            self._values = {"total": sum(squares) ** 0.5, **{n: v ** 0.5 for n, v in zip(self._names, squares)}}
+        return self._values
+
+    def __getitem__(self, name):
+        return self._resolve()[name]
+
+    def __iter__(self):
+        return iter(self._resolve())
+
+    def __len__(self):
+        return len(self._names) + 1
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -224,13 +250,6 @@ class MuonAdamW(torch.optim.Optimizer):
         index = [names.index(g["name"]) for g in self.param_groups]
         return names, index, torch.zeros(len(names), dtype=torch.float32, device=device)
 
-    @staticmethod
-    def _norms_dict(names, sq):
-        values = sq.tolist()
-        out = {"total": sum(values) ** 0.5}
-        out.update({n: v ** 0.5 for n, v in zip(names, values)})
-        return out
-
     # ---- step
 
     @torch.no_grad()
@@ -261,7 +280,10 @@ class MuonAdamW(torch.optim.Optimizer):
             stacked = torch.stack(params)
             self._muon(grads, stacked, self.state[params[0]], group)
             torch._foreach_copy_(params, list(stacked.unbind(0)))
-        self.grad_norms = self._norms_dict(names, sq) if measure_grad_norm else None
+        self.grad_norms = GradNorms(names, sq) if measure_grad_norm else None
+
+    def launch_reductions_in_backward(self):
+        """Called before the last micro-step's backward; one process has nothing to reduce."""
 
     # ---- checkpoints: state is per rank, so record which shard it is
 
@@ -291,14 +313,23 @@ class DistMuonAdamW(MuonAdamW):
     each rank's .grad holds its own local gradient; .grad is left unchanged), each rank updates
     and keeps state only for the part it owns, and the updated params are all-gathered.
 
-    - AdamW params are reduce-scattered along dim 0; a rank updates its rows. Params under
-      SMALL_PARAM_NUMEL elements, or whose dim 0 does not divide the world size, are instead
-      all-reduced (all of them in one flat buffer per dtype) and updated on every rank.
+    - AdamW params are reduce-scattered along dim 0; a rank updates its rows. The params of a
+      `replicated` group (the connections: many small tensors), params under
+      SMALL_PARAM_NUMEL elements and those whose dim 0 does not divide the world size are
+      instead all-reduced, all of them in one flat buffer per dtype, and updated on every rank.
     - A muon group's K grads are stacked, zero-padded to ceil(K/W)*W and reduce-scattered;
       rank r owns matrices [r*ceil(K/W), (r+1)*ceil(K/W)) of the group.
     - Reductions use SUM then a division by W: gloo has no AVG on every torch version.
-    Communication runs in three phases: launch every reduction; per group, wait, update and
-    launch its all-gather; wait for the gathers.
+
+    Each reduction is a "unit" (the flat buffer, one sharded param, one muon group). After
+    `launch_reductions_in_backward()`, gradient hooks launch a unit's reduction as soon as
+    backward has finished all of its gradients, so communication overlaps the rest of the
+    backward (as modded-nanogpt does). Under a whole-model torch.compile the backward is one
+    graph that hands over every gradient at its end: the hooks then fire together, and what
+    is saved is only the wait for step(). step() launches whatever was not launched, then, in
+    launch order, waits, updates what this rank owns and launches the all-gathers, and
+    finally waits for the gathers. Either way every collective and every update is the same,
+    so the results are identical.
     """
 
     def __init__(self, param_groups):
@@ -307,10 +338,68 @@ class DistMuonAdamW(MuonAdamW):
                                "common.compute_init() first, or use MuonAdamW in a single process")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         super().__init__(param_groups)
+        self._units = self._plan_units()
+        self._unit_of = {p: u for u, (_, params, _) in enumerate(self._units) for p in params}
+        self._group_index = {p: gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
+        self._armed = False
+        self._remaining = {}
+        self._launched = {}  # unit index -> in-flight reduction, in launch order
+        for p in self._unit_of:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def _shards(self, p):
+    def _shards(self, p, group):
         """Does p get reduce-scattered (True) or all-reduced (False)?"""
-        return p.numel() >= SMALL_PARAM_NUMEL and p.shape[0] % self.world_size == 0
+        return (not group["replicated"] and p.numel() >= SMALL_PARAM_NUMEL and p.shape[0] % self.world_size == 0)
+
+    def _plan_units(self):
+        """[(kind, params, group index)]: the flat all-reduce buffers (one per dtype and device)
+        first, then every sharded AdamW param and every muon group."""
+        flat, units = {}, []
+        for gi, group in enumerate(self.param_groups):
+            if group["kind"] == "muon":
+                units.append(("muon", group["params"], gi))
+                continue
+            for p in group["params"]:
+                if self._shards(p, group):
+                    units.append(("shard", [p], gi))
+                else:
+                    flat.setdefault((p.dtype, p.device), []).append(p)
+        return [("flat", params, None) for params in flat.values()] + units
+
+    # ---- launching reductions, from hooks or from step()
+
+    def launch_reductions_in_backward(self):
+        """Arm the gradient hooks for the next backward (the last micro-step's: earlier ones
+        only accumulate local gradients)."""
+        self._armed = True
+        self._remaining = {u: len(params) for u, (_, params, _) in enumerate(self._units)}
+        self._launched = {}
+
+    def _grad_ready(self, p):
+        if not self._armed:
+            return
+        u = self._unit_of[p]
+        self._remaining[u] -= 1
+        if self._remaining[u] == 0:
+            self._launched[u] = self._launch(u)
+
+    def _launch(self, u):
+        kind, params, _ = self._units[u]
+        W = self.world_size
+        if kind == "flat":
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            return dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True), flat
+        if kind == "shard":
+            grad = params[0].grad
+            grad_slice = torch.empty_like(grad[:grad.shape[0] // W])
+            return _reduce_scatter(grad_slice, grad.contiguous(), op=dist.ReduceOp.SUM, async_op=True), grad_slice
+        chunk = -(-len(params) // W)
+        stacked = torch.zeros(chunk * W, *params[0].shape, dtype=params[0].dtype, device=params[0].device)
+        torch.stack([p.grad for p in params], out=stacked[:len(params)])
+        grad_chunk = torch.empty_like(stacked[:chunk])
+        return _reduce_scatter(grad_chunk, stacked, op=dist.ReduceOp.SUM, async_op=True), grad_chunk, stacked
+
+    # ---- the step
 
     @torch.no_grad()
     def step(self, measure_grad_norm=False):
@@ -323,89 +412,57 @@ class DistMuonAdamW(MuonAdamW):
                                        "must match), so run backward first or drop the param from the optimizer")
         if measure_grad_norm:
             names, index, sq = self._norm_accumulator()
+        # Phase 1: launch what the hooks did not (all of it without launch_reductions_in_backward).
+        launched, self._launched, self._armed = self._launched, {}, False
+        for u in range(len(self._units)):
+            if u not in launched:
+                launched[u] = self._launch(u)
 
-        # Phase 1: launch every reduction. The small/indivisible AdamW params first, all in
-        # one flat buffer per dtype, since the connection variants have dozens of tiny params.
-        replicated = [p for g in self.param_groups if g["kind"] == "adamw" for p in g["params"] if not self._shards(p)]
-        buckets = {}
-        for p in replicated:
-            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-        flat_works = []
-        for plist in buckets.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in plist])
-            flat_works.append((dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True), flat, plist))
-        pending = []
-        for group in self.param_groups:
-            if group["kind"] == "adamw":
-                shards = {}
-                for p in group["params"]:
-                    if self._shards(p):
-                        grad_slice = torch.empty_like(p.grad[:p.shape[0] // W])
-                        work = _reduce_scatter(grad_slice, p.grad.contiguous(), op=dist.ReduceOp.SUM, async_op=True)
-                        shards[p] = (work, grad_slice)
-                pending.append(shards)
-            else:
-                params = group["params"]
-                chunk = -(-len(params) // W)
-                stacked = torch.zeros(chunk * W, *params[0].shape, dtype=params[0].dtype, device=params[0].device)
-                torch.stack([p.grad for p in params], out=stacked[:len(params)])
-                grad_chunk = torch.empty_like(stacked[:chunk])
-                work = _reduce_scatter(grad_chunk, stacked, op=dist.ReduceOp.SUM, async_op=True)
-                pending.append((work, grad_chunk, stacked, chunk))
-
-        # Phase 2: wait, update what this rank owns, launch the gathers.
-        averaged = {}
-        for work, flat, plist in flat_works:
-            work.wait()
-            flat.div_(W)
-            for p, g in zip(plist, flat.split([p.numel() for p in plist])):
-                averaged[p] = g.view_as(p)
+        # Phase 2: in launch order (the earliest-ready gradients first), wait, update what this
+        # rank owns, launch the gathers.
         gathers = []
-        for gi, (group, info) in enumerate(zip(self.param_groups, pending)):
-            if group["kind"] == "adamw":
-                for p in group["params"]:
-                    if p in info:
-                        work, grad_slice = info[p]
-                        work.wait()
-                        grad_slice.div_(W)
-                        rows = p.shape[0] // W
-                        p_slice = p[rank * rows:(rank + 1) * rows]
-                        if measure_grad_norm:
-                            sq[index[gi]] += grad_slice.float().square().sum()
-                        self._adamw(p_slice, grad_slice, self.state[p], group)
-                        # p_slice is this rank's block of p: an in-place gather
-                        gathers.append((_all_gather(p, p_slice, async_op=True), None, None))
-                    else:
-                        if measure_grad_norm and rank == 0:  # replicated: count once
-                            sq[index[gi]] += averaged[p].float().square().sum()
-                        self._adamw(p, averaged[p], self.state[p], group)
-                continue
-            work, grad_chunk, stacked, chunk = info
-            params = group["params"]
+        for u, reduction in launched.items():
+            kind, params, gi = self._units[u]
+            work, grad = reduction[:2]
             work.wait()
-            grad_chunk.div_(W)
-            start = rank * chunk
-            owned = params[start:start + chunk]
+            grad.div_(W)
+            if kind == "flat":
+                for p, g in zip(params, grad.split([p.numel() for p in params])):
+                    gi = self._group_index[p]
+                    if measure_grad_norm and rank == 0:  # replicated: count once
+                        sq[index[gi]] += g.float().square().sum()
+                    self._adamw(p, g.view_as(p), self.state[p], self.param_groups[gi])
+                continue
+            group = self.param_groups[gi]
             if measure_grad_norm:
-                sq[index[gi]] += grad_chunk.float().square().sum()  # the padding is zeros
-            updated = torch.zeros_like(grad_chunk)
+                sq[index[gi]] += grad.float().square().sum()  # muon's zero padding adds nothing
+            if kind == "shard":
+                p = params[0]
+                rows = p.shape[0] // W
+                p_slice = p[rank * rows:(rank + 1) * rows]
+                self._adamw(p_slice, grad, self.state[p], group)
+                # p_slice is this rank's block of p: an in-place gather
+                gathers.append((_all_gather(p, p_slice, async_op=True), None, None))
+                continue
+            stacked = reduction[2]
+            chunk = grad.shape[0]
+            owned = params[rank * chunk:(rank + 1) * chunk]
+            updated = torch.zeros_like(grad)
             if owned:
                 updated[:len(owned)] = torch.stack(owned)
-                self._muon(grad_chunk[:len(owned)], updated[:len(owned)], self.state[params[0]], group)
+                self._muon(grad[:len(owned)], updated[:len(owned)], self.state[params[0]], group)
             # the padded grad stack is free again: gather the updated matrices into it
             gathers.append((_all_gather(stacked, updated, async_op=True), stacked, params))
 
-        if measure_grad_norm:
-            dist.all_reduce(sq, op=dist.ReduceOp.SUM)
-            self.grad_norms = self._norms_dict(names, sq)
-        else:
-            self.grad_norms = None
-
+        norm_work = dist.all_reduce(sq, op=dist.ReduceOp.SUM, async_op=True) if measure_grad_norm else None
         # Phase 3: wait for the gathers; muon groups copy the stack back into their params.
         for work, stacked, params in gathers:
             work.wait()
             if params is not None:
                 torch._foreach_copy_(params, list(stacked[:len(params)].unbind(0)))
+        if norm_work is not None:
+            norm_work.wait()
+        self.grad_norms = GradNorms(names, sq) if measure_grad_norm else None
 
 
 def build_optimizer(param_groups, world_size):

@@ -52,6 +52,8 @@ FLAGS = [
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
     ("value_embeds", _bool, True, "nanochat's value embeddings on alternating layers (off + a 65,536 vocab: "
                                   "the paper's ~60M/~186M sizes)"),
+    ("attention", str, "auto", "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | "
+                               "auto (flex on CUDA, sdpa elsewhere)"),
     # connections
     ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc"),
     ("hc_streams", int, 0, "number of streams n (0: the variant's default, 4 for HC variants)"),

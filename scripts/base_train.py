@@ -30,8 +30,8 @@ import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
-                             peak_memory_mib, print0, synchronize)
-from nanochat.gpt import build_model, model_config_from_depth  # noqa: E402
+                             peak_memory_mib, print0)
+from nanochat.gpt import attention_backend, build_model, model_config_from_depth  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import FLAGS, RESUMABLE_CHANGES, dumps_toml, parse_args, settings  # noqa: E402
 
@@ -211,9 +211,13 @@ def main(argv=None):
                      value_embeds=args.value_embeds)
     try:
         config = model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio,
-                                         args.head_dim, args.window_pattern, **hc_fields, hc_kernels=args.hc_kernels)
+                                         args.head_dim, args.window_pattern, attention=args.attention,
+                                         hc_kernels=args.hc_kernels, **hc_fields)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
+        raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
+                         f"{device.type}); use --attention auto or sdpa")
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
     values = settings(args)
@@ -266,7 +270,8 @@ def main(argv=None):
            f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
     print0(f"LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay in force: "
            f"{weight_decay:.4g} (= {args.weight_decay} x (12/{args.depth})^2, as nanochat scales it)")
-    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}")
+    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}, "
+           f"attention {attention_backend(config.attention, device)} (--attention {config.attention})")
 
     try:  # on every rank (it reads metadata only), so that all of them stop together
         check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
@@ -388,6 +393,7 @@ def main(argv=None):
     gc.collect()
     loop.setdefault("elapsed", 0.0)  # wall time of earlier processes of this run (checkpoints before it lack it)
     elapsed_before, t_start = loop["elapsed"], time.time()
+    batch = None  # the next step's first micro-batch, fetched while the GPU still works
     while True:
         last = step == num_iterations
         if step != start_step and due(args.save_every, step, last):
@@ -412,16 +418,25 @@ def main(argv=None):
         if last:
             break
 
-        # ---- one optimizer step
-        synchronize(device)
+        # ---- one optimizer step. The GPU is kept busy: each micro-batch is fetched (packed on
+        # the CPU, copied from pinned memory without blocking) while the previous backward
+        # runs; the distributed optimizer's reductions start from gradient hooks during the
+        # last backward; loss and grad norms are read only after the whole step is queued.
         t0 = time.time()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(accum):
-            x, y = next(train_loader)
+        for micro in range(accum):
+            x, y = batch if batch is not None else next(train_loader)
+            batch = None
             with autocast:
                 loss = model(x, y)
             loss_sum += loss.detach()
+            if micro == accum - 1:
+                optimizer.launch_reductions_in_backward()
             (loss / accum).backward()
+            # Prefetch the next micro-batch; across the step boundary only when the next step
+            # saves no checkpoint, whose loader state must not include unconsumed batches.
+            if micro < accum - 1 or (step + 1 < num_iterations and not due(args.save_every, step + 1, False)):
+                batch = next(train_loader)
         lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * lrm
@@ -434,8 +449,7 @@ def main(argv=None):
         if info.ddp:
             dist.all_reduce(train_loss)  # gloo has no AVG: sum, then divide
             train_loss /= info.world_size
-        train_loss = train_loss.item()
-        synchronize(device)
+        train_loss = train_loss.item()  # the step's one host synchronization
         dt = time.time() - t0
         if not math.isfinite(train_loss):
             good = ckpt.latest_step(run_dir)
@@ -466,7 +480,17 @@ def main(argv=None):
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
         step += 1
+        # As nanochat: after the first step (compilation done) freeze what exists and stop the
+        # cyclic garbage collector, whose scans paused steps for ~500 ms; collect by hand rarely.
+        if step == start_step + 1:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+        elif step % 5000 == 0:
+            gc.collect()
 
+    gc.unfreeze()
+    gc.enable()
     if master:
         summary = {
             "complete": True, "step": step, "num_iterations": num_iterations,

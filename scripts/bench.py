@@ -175,7 +175,7 @@ def layer_case(args, variant, recompute, device, dtype, autocast, kernels="torch
         X.grad = None
         forward().backward(grad_out)
 
-    return dict(module=module, step=step, forward=forward, tokens=B * T, n=n)
+    return dict(module=module, step=step, forward=forward, tokens=B * T, n=n, inputs=(X, x0), grad_out=grad_out)
 
 
 def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch"):
@@ -199,6 +199,12 @@ def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch
 
 
 # ----- measuring -----
+
+def allow_compiled_cases(count):
+    """Each compiled case is one more graph of the same forward code; past dynamo's
+    recompile limit (8 per code object) the others would silently run eagerly."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * count)
+
 
 def time_interleaved(cases, warmup, reps, device):
     """{label: [seconds per step]}: each repetition runs every case once, starting from a
@@ -290,6 +296,8 @@ def run_bench(args, bench, device, dtype, autocast):
                 label = variant + (" +recompute" if recompute else "") + (f" [{kernels}]" if kernels != "torch" else "")
                 cases[label] = dict(variant=variant, recompute=recompute, kernels=kernels,
                                     **build(args, variant, recompute, device, dtype, autocast, kernels))
+    if args.compile:
+        allow_compiled_cases(len(cases))
     times = time_interleaved(cases, args.warmup, args.reps, device)
     rows = []
     for label, case in cases.items():

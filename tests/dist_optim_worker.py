@@ -17,11 +17,12 @@ BATCH = 8
 STEPS = 4
 
 # (group name, kind, shapes). World size 2: "embed" has one sharded param and one >= 1024
-# elements whose dim 0 is odd (all-reduced); "hc" has only tiny params; the muon groups have
-# K = 3 (odd), 2 and 1 (rank 1 owns nothing).
+# elements whose dim 0 is odd (all-reduced); "hc" is a replicated group: tiny params and one
+# that would otherwise be sharded, all in the flat buffer; the muon groups have K = 3 (odd),
+# 2 and 1 (rank 1 owns nothing).
 LAYOUT = [
     ("embed", "adamw", [(64, 40), (33, 40)]),
-    ("hc", "adamw", [(3,), (4, 5), (1,), (7, 3)]),
+    ("hc", "adamw", [(3,), (4, 5), (1,), (7, 3), (48, 32)]),
     ("matrix", "muon", [(24, 8)] * 3),
     ("matrix", "muon", [(8, 24)] * 2),
     ("matrix", "muon", [(12, 12)]),
@@ -38,7 +39,8 @@ def make_problem(seed=0):
         if name == "embed":
             groups.append(dict(kind="adamw", name=name, params=ps, lr=0.02, betas=(0.8, 0.95), weight_decay=0.1))
         elif name == "hc":
-            groups.append(dict(kind="adamw", name=name, params=ps, lr=0.005, betas=(0.8, 0.95), eps=1e-10))
+            groups.append(dict(kind="adamw", name=name, params=ps, lr=0.005, betas=(0.8, 0.95), eps=1e-10,
+                               replicated=True))
         else:
             groups.append(dict(kind="muon", name=name, params=ps, lr=0.02, momentum=0.85, weight_decay=0.2))
     return params, groups
@@ -75,10 +77,30 @@ def train(opt, params, steps, rows, first_step=0, measure=True):
         backward(params, batch(step, params), rows)
         set_schedule(opt, step)
         opt.step(measure_grad_norm=measure)
-        norms.append(opt.grad_norms)
+        norms.append(None if opt.grad_norms is None else dict(opt.grad_norms))
         for p in params:
             p.grad = None
     return norms
+
+
+def train_accumulating(opt, params, steps, rows, overlap):
+    """Two micro-steps per step (each half of `rows`); with `overlap`, the reductions are
+    launched from gradient hooks during the second backward. Returns how many reductions
+    the hooks had launched when each step began."""
+    launched = []
+    half = (rows.stop - rows.start) // 2
+    for step in range(steps):
+        data = batch(step, params)
+        for k in range(2):
+            if overlap and k == 1:
+                opt.launch_reductions_in_backward()
+            backward(params, data, slice(rows.start + k * half, rows.start + (k + 1) * half))
+        launched.append(len(opt._launched))
+        set_schedule(opt, step)
+        opt.step(measure_grad_norm=True)
+        for p in params:
+            p.grad = None
+    return launched
 
 
 def main(out_dir):
@@ -124,7 +146,17 @@ def main(out_dir):
     except ValueError:
         wrong_shard_refused = True
 
+    # Reductions launched from gradient hooks during the last micro-step's backward, against
+    # the same micro-steps reduced in step().
+    runs = {}
+    for overlap in (False, True):
+        params_o, groups_o = make_problem()
+        opt_o = DistMuonAdamW(groups_o)
+        launched = train_accumulating(opt_o, params_o, STEPS, rows, overlap)
+        runs[overlap] = dict(params=[p.detach() for p in params_o], launched=launched, units=len(opt_o._units))
+
     torch.save(dict(params=final, norms=norms, state_shapes=state_shapes, all_reduce_calls=len(calls),
+                    overlapped=runs[True], plain=runs[False],
                     extra_step=[p.detach() for p in params], wrong_shard_refused=wrong_shard_refused,
                     resumed=[p.detach() for p in params_c]), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

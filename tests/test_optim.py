@@ -259,9 +259,12 @@ def _run_workers(out_dir, world=2, timeout=120):
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
 
 
-def test_distributed_matches_single_process(tmp_path):
-    ranks = _run_workers(tmp_path)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return _run_workers(tmp_path_factory.mktemp("dist"))
 
+
+def test_distributed_matches_single_process(ranks):
     full = slice(0, toy.BATCH)
     params, groups = toy.make_problem()
     opt = MuonAdamW(groups)
@@ -294,6 +297,22 @@ def test_distributed_matches_single_process(tmp_path):
     s0, s1 = ranks[0]["state_shapes"], ranks[1]["state_shapes"]
     assert s0["0.0"]["exp_avg"] == s1["0.0"]["exp_avg"] == (32, 40)
     assert s0["0.1"]["exp_avg"] == (33, 40)
+    assert s0["1.4"]["exp_avg"] == s1["1.4"]["exp_avg"] == (48, 32)  # replicated group: whole on every rank
     assert s0["2.0"]["momentum_buffer"] == (2, 24, 8) and s1["2.0"]["momentum_buffer"] == (1, 24, 8)
     assert s0["3.0"]["second_momentum_buffer"] == s1["3.0"]["second_momentum_buffer"] == (1, 1, 24)
     assert s0["4.0"]["momentum_buffer"] == (1, 12, 12) and s1["4.0"] == {}
+
+
+def test_reductions_launched_in_backward_match_reductions_launched_in_step(ranks):
+    """The worker trains twice with two micro-steps per step: once launching every reduction
+    in step(), once from gradient hooks during the last micro-step's backward. Every
+    reduction unit (flat buffer, sharded params, muon groups) is launched by the hooks, and
+    the parameters come out bit-identical."""
+    for res in ranks:
+        plain, overlapped = res["plain"], res["overlapped"]
+        # units at world size 2: the flat buffer, the (64, 40) embedding, three muon groups
+        assert overlapped["units"] == plain["units"] == 5
+        assert overlapped["launched"] == [5] * toy.STEPS
+        assert plain["launched"] == [0] * toy.STEPS
+        for a, b in zip(overlapped["params"], plain["params"]):
+            assert torch.equal(a, b)

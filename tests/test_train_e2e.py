@@ -186,6 +186,8 @@ def test_non_finite_parameters_are_never_saved(base):
     (["--hc", "mhc_lite", "--hc-streams", "8"], "mhc_lite"),
     (["--window-pattern", "SXL"], "window_pattern"),
     (["--depth", "two"], "invalid int value"),
+    (["--attention", "fa3"], "choose one of auto, flex, sdpa"),
+    (["--attention", "flex"], "trains on CUDA only"),
 ])
 def test_bad_flags_give_one_clear_error(base, flags, message):
     proc = train(base, "--num-iterations", "1", *flags, check=False)

@@ -10,13 +10,16 @@ Why Functions rather than plain ops (measured with scripts/bench):
   one pass over X instead of n broadcast multiply-adds, whose per-stream slicing costs a
   zero-filled full-size gradient per slice in backward;
 - the backward passes combine what autograd would do in several kernels.
-Under torch.compile none of the Functions is used: the projection is written as plain ops
-and the two mixes as stream-by-stream multiply-adds (`stream_sum`), which the compiler
-fuses into one pass over X (faster than calling out to a batched matmul); it derives the
-backward itself and its partitioner keeps bf16 X rather than an fp32 copy.
+Under torch.compile none of the Functions is used: the projection is written as a
+broadcast multiply and a sum over vec(X) (`project`), the two mixes as stream-by-stream
+multiply-adds (`stream_sum`), which the compiler fuses into passes that read bf16 X once
+and accumulate in fp32 (faster than calling out to a matmul, which would first need an
+fp32 copy of X written out); it derives the backward itself and its partitioner keeps bf16
+X rather than an fp32 copy.
 
 Every forward and backward runs with autocast off: the matmuls here must stay in fp32,
-which autocast would round to the compute dtype.
+which autocast would round to the compute dtype. The compiled backward is traced apart
+from the forward, so the compiler is told below not to re-apply the forward's autocast.
 
 Backends (`hc_kernels`, DESIGN.md section 9): the choice between these ops and Liger's
 fused Triton kernels (liger.py) is made here, in `uses_liger`, and nowhere else; the
@@ -29,6 +32,15 @@ input's dtype.
 """
 
 import torch
+import torch._functorch.config
+
+# AOTAutograd traces the compiled backward under the forward's ambient autocast by default
+# ("same_as_forward"), which turns the fp32 matmuls of the coefficient path (here and in the
+# variants' H_res) into bf16 ones in backward only: compiled and eager gradients of W then
+# differ by ~2e-3. "off" keeps the backward in the dtypes the forward chose. Set here, in one
+# place, because every model with connections imports this module before it is compiled.
+if hasattr(torch._functorch.config, "backward_pass_autocast"):
+    torch._functorch.config.backward_pass_autocast = "off"
 
 from nanochat.connections import liger
 
@@ -153,10 +165,14 @@ def rms_project(X, w, eps, kernels="torch"):
 def project(x, w):
     if torch.compiler.is_compiling():
         # Plain ops: the compiler's partitioner then keeps x in its own dtype (traced, the
-        # Function's backward made it keep the fp32 cast of bf16 streams instead).
+        # Function's backward made it keep the fp32 cast of bf16 streams instead). x @ w as a
+        # multiply-and-sum rather than a matmul: with k = 2n + R columns the product is
+        # memory-bound, and the compiler fuses the cast of x into one reduction that reads bf16
+        # x once with fp32 products and sums, where a matmul call would need an fp32 copy of x
+        # written out first (bf16 operands instead would round w and the output).
         with no_autocast(x):
             xf = x.to(w.dtype)
-            return xf @ w, xf.square().mean(dim=-1, keepdim=True)
+            return (xf[..., :, None] * w).sum(-2), xf.square().mean(dim=-1, keepdim=True)
     return Project.apply(x, w)
 
 

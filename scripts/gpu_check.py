@@ -1,0 +1,481 @@
+"""One command that measures nanochat-hc on a single GPU with no network, using whatever
+torch is installed there (no scripts/setup_env.sh; wandb is not needed):
+
+    python -m scripts.gpu_check [--out DIR]
+
+writes DIR/gpu_check.json and DIR/gpu_check.md (rewritten after every section, so a cut-off
+run still leaves what it measured):
+  env        GPU, torch, CUDA/cuDNN/Triton versions, the SDPA backend picked for the windowed
+             ("S", explicit mask) and full-context ("L", is_causal) layers
+  attention  one attention kernel, forward + backward, at T = 2048 for the S (W = T/2) and L
+             windows: FlexAttention with its block mask vs SDPA
+  model      whole-model forward + backward step of every variant at D = 6 and D = 12 (n = 4,
+             compiled, bf16, device batch 32 or the largest that fits: an OOM halves it):
+             time, tokens/s, MFU, peak memory, ratios to residual and to mHC per token, and
+             residual with full-causal attention everywhere as the windowing reference
+  grads      one connection layer per variant, gradients compiled vs eager (bf16 autocast)
+  train      a 20-step scripts.base_train run (uncompiled model) of every variant on a
+             generated corpus (shards and tokenizer written locally), ending with val bpb,
+             samples through the KV cache and connection diagnostics
+Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized for
+10 minutes on one H100, most of it compilation (14 compiled models): D12 runs before D6,
+and no new case starts after --time-budget seconds (default 540); what is left is listed
+as skipped, for a second call with --sections, --depths or --variants (and another --out).
+
+Without CUDA (or with --tiny) the same sections run at toy sizes, uncompiled models (the
+connection layers are still traced by dynamo, without code generation) and forward-only
+attention (FlexAttention has no backward on CPU): a check that the command works, not a
+measurement.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from contextlib import nullcontext
+
+import torch
+
+from nanochat import gpt
+from nanochat.common import get_peak_flops, text_table
+from scripts import bench
+
+SECTIONS = ("env", "attention", "model", "grads", "train")
+VARIANTS = bench.VARIANTS
+FULL_CAUSAL = "residual (full causal)"
+
+# Sizes per profile. gpu: the paper's D6/D12 models (head dim 128, T 2048, device batch 32).
+PROFILES = {
+    "gpu": dict(depths=[12, 6], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
+                attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
+                train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
+                       "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000),
+    "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
+                 attn=dict(B=1, H=2, T=256, D=16), layer=dict(batch=2, seq_len=16, width=32),
+                 train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
+                        "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
+                        "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600),
+}
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--out", default=".", help="directory for gpu_check.json and gpu_check.md (default: .)")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (the default without CUDA)")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="S",
+                   help=f"what to run (default: all: {' '.join(SECTIONS)})")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="V",
+                   help="connection variants (default: all)")
+    p.add_argument("--depths", nargs="+", type=_positive_int, help="model depths (default 12 6; tiny: 1 2)")
+    p.add_argument("--batch", type=_positive_int, help="device batch of the model section (default 32; halved on OOM)")
+    p.add_argument("--reps", type=_positive_int, help="timed repetitions per case (default 5; tiny: 2)")
+    p.add_argument("--train-steps", type=_positive_int, default=20, help="base_train steps per variant (default 20)")
+    p.add_argument("--time-budget", type=_positive_int, default=540,
+                   help="seconds after which no new case starts; what is left is listed as skipped (default 540)")
+    return p
+
+
+# ----------------------------------------------------------------------------- sections
+
+class Budget:
+    """The run's time budget: work that would start after it is skipped and listed, so that
+    the command always ends with a report (a later run with --sections/--depths fills in)."""
+
+    def __init__(self, seconds):
+        self.end = time.time() + seconds
+        self.skipped = []
+
+    def allows(self, what):
+        if time.time() < self.end:
+            return True
+        self.skipped.append(what)
+        return False
+
+
+def env_info(device):
+    info = {"torch": torch.__version__, "python": platform.python_version(), "device": device.type,
+            "backward_pass_autocast": getattr(torch._functorch.config, "backward_pass_autocast", None)}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device.type != "cuda":
+        info["device_name"] = platform.processor() or platform.machine()
+        return info
+    info.update(device_name=torch.cuda.get_device_name(device),
+                capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+                cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                memory_gib=round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1))
+    # Which fused SDPA kernel the S (explicit mask) and L (is_causal) layers get on this stack.
+    names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
+    q = torch.randn(1, 6, 2048, 128, device=device, dtype=torch.bfloat16)
+    mask, _ = gpt.attention_mask(2048, 2048, 1024, device)
+    try:
+        info["sdpa_backend_S"] = names.get(torch._fused_sdp_choice(q, q, q, mask), "?")
+        info["sdpa_backend_L"] = names.get(torch._fused_sdp_choice(q, q, q, is_causal=True), "?")
+    except (AttributeError, RuntimeError) as e:  # a private API: report, do not fail
+        info["sdpa_backend_S"] = info["sdpa_backend_L"] = f"unknown ({type(e).__name__})"
+    return info
+
+
+def attention_section(prof, device, dtype):
+    """Kernel time of one layer's attention (q, k, v -> y; + backward on CUDA) per window."""
+    a, grad = prof["attn"], device.type == "cuda"
+    T = a["T"]
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(a["B"], a["H"], T, a["D"], device=device, generator=g).to(dtype).requires_grad_(grad)
+               for _ in range(3))
+    dy = torch.randn_like(q)
+    cases = {}
+    for window_name, window in (("S", T // 2), ("L", T)):
+        for backend, attend in (("sdpa", gpt.sdpa_attend), ("flex", gpt.flex_attend)):
+            def step(attend=attend, window=window):
+                if grad:
+                    q.grad = k.grad = v.grad = None
+                    attend(q, k, v, window).backward(dy)
+                else:
+                    with torch.no_grad():
+                        attend(q, k, v, window)
+            cases[f"{window_name} {backend}"] = dict(step=step, window_name=window_name, window=window,
+                                                     backend=backend)
+    times = bench.time_interleaved(cases, prof["warmup"], prof["reps"], device)
+    rows = []
+    for label, case in cases.items():
+        summary = bench.summarize(times[label], a["B"] * T)
+        rows.append({"label": label, "window": case["window"], "window_name": case["window_name"],
+                     "backend": case["backend"], "pass": "fwd+bwd" if grad else "fwd", **a,
+                     **{k: summary[k] for k in ("median_ms", "min_ms", "max_ms", "spread_pct")}})
+    for row in rows:
+        sdpa = next(r for r in rows if r["window_name"] == row["window_name"] and r["backend"] == "sdpa")
+        row["vs_sdpa"] = row["median_ms"] / sdpa["median_ms"]
+    return rows
+
+
+def _bench_args(prof, depth, batch, window_pattern, compile_model):
+    argv = ["--bench", "model", "--depth", str(depth), "--aspect-ratio", str(prof["aspect"]),
+            "--head-dim", str(prof["head_dim"]), "--seq-len", str(prof["seq_len"]), "--batch", str(batch),
+            "--vocab-size", str(prof["vocab"]), "--streams", "4", "--window-pattern", window_pattern]
+    return bench.parse_args(argv + (["--compile"] if compile_model else []))
+
+
+def _free_memory(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, autocast, compile_model):
+    """bench's model case at the largest batch <= `batch` whose first step (the compile) fits."""
+    while True:
+        args = _bench_args(prof, depth, batch, window_pattern, compile_model)
+        try:
+            case = bench.model_case(args, variant, False, device, dtype, autocast)
+            case["step"]()
+            return case, batch
+        except torch.OutOfMemoryError:
+            if batch == 1:
+                raise
+        case = None  # freed once the exception (and the frames it holds) is gone
+        _free_memory(device)
+        batch //= 2
+
+
+def model_section(prof, variants, device, dtype, autocast, compile_model, budget):
+    """Per depth: every variant plus full-causal residual, timed interleaved in one run."""
+    rows = []
+    peak_flops = get_peak_flops(device)
+    for depth in prof["depths"]:
+        cases = {}
+        # residual and its full-causal twin first: the windowing target needs both
+        plan = [(v, v, "SSSL") for v in variants]
+        plan.insert(1 if "residual" in variants else 0, (FULL_CAUSAL, "residual", "L"))
+        torch._dynamo.reset()  # the previous depth's graphs are done with
+        bench.allow_compiled_cases(len(plan))
+        for label, variant, pattern in plan:
+            if not budget.allows(f"model D{depth} {label}"):
+                continue
+            case, batch = _fitting_case(prof, depth, variant, pattern, prof["batch"], device, dtype, autocast,
+                                        compile_model)
+            cases[label] = dict(case, variant=variant, batch=batch, window_pattern=pattern)
+        if not cases:
+            continue
+        times = bench.time_interleaved(cases, prof["warmup"], prof["reps"], device)
+        depth_rows = []
+        for label, case in cases.items():
+            summary = bench.summarize(times[label], case["tokens"])
+            model = case["module"]
+            flops = model.estimate_flops()
+            depth_rows.append({
+                "depth": depth, "label": label, "variant": case["variant"], "window_pattern": case["window_pattern"],
+                "width": model.config.n_embd, "n": case["n"], "batch": case["batch"], "seq_len": prof["seq_len"],
+                "compiled": compile_model, **{k: summary[k] for k in ("median_ms", "spread_pct", "tokens_per_s")},
+                "ms_per_token": summary["median_ms"] / case["tokens"], "flops_per_token": flops,
+                "mfu_pct": 100 * flops * summary["tokens_per_s"] / peak_flops if peak_flops != float("inf") else None,
+                "param_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
+                "step_peak_mib": bench.peak_step_mib(model, case["step"], device)})
+        for row in depth_rows:
+            for key, ref_label in (("vs_residual", "residual"), ("vs_mhc", "mhc"), ("vs_full_causal", FULL_CAUSAL)):
+                ref = next((r for r in depth_rows if r["label"] == ref_label), None)
+                row[key] = row["ms_per_token"] / ref["ms_per_token"] if ref else None
+        rows += depth_rows
+        cases = None
+        _free_memory(device)
+    return rows
+
+
+def grads_section(prof, variants, device, dtype, autocast, compile_backend, budget):
+    """Relative gap |g_compiled - g_eager| / |g_eager| of X's and every parameter's gradient
+    through one connection layer, the projection weight away from its zero init."""
+    layer = prof["layer"]
+    rows = []
+    for variant in variants:
+        if not budget.allows(f"grads {variant}"):
+            continue
+        args = bench.parse_args(["--bench", "layer", "--width", str(layer["width"]), "--head-dim",
+                                 str(prof["head_dim"]), "--seq-len", str(layer["seq_len"]), "--batch",
+                                 str(layer["batch"]), "--streams", "4"])
+        case = bench.layer_case(args, variant, False, device, dtype, autocast)
+        module, (X, x0) = case["module"], case["inputs"]
+        weight = getattr(module.layer, "weight", None)
+        if weight is not None:
+            with torch.no_grad():
+                weight.normal_(0, 0.05, generator=torch.Generator(device=device).manual_seed(1))
+
+        def grads(run):
+            module.zero_grad(set_to_none=True)
+            X.grad = None
+            with autocast:
+                out = run(X, x0)
+            out.backward(case["grad_out"])
+            named = {"X": X.grad, **{n: p.grad for n, p in module.named_parameters() if p.grad is not None}}
+            return {n: g.double().clone() for n, g in named.items()}
+
+        torch._dynamo.reset()
+        eager, compiled = grads(module), grads(torch.compile(module, dynamic=False, backend=compile_backend))
+        gaps = {n: ((compiled[n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in eager.items()}
+        rows.append({"variant": variant, "backend": compile_backend, "max_rel_gap": max(gaps.values()),
+                     "worst": max(gaps, key=gaps.get), "gaps": gaps})
+        _free_memory(device)
+    return rows
+
+
+# Words for the generated corpus: documents of templated facts (arithmetic, lists, capitals),
+# structured enough that a few training steps visibly lower the loss.
+_CITIES = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Egypt", "Cairo"),
+           ("Peru", "Lima"), ("Kenya", "Nairobi"), ("Norway", "Oslo"), ("Chile", "Santiago"), ("India", "Delhi")]
+_WORDS = "the a small large red blue quick slow river stone garden window music paper light water".split()
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
+
+
+def generated_documents(count, seed=0):
+    rng = random.Random(seed)
+    # A few thousand pseudo-words give the tokenizer something to merge beyond digits.
+    words = _WORDS + ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    docs = []
+    for _ in range(count):
+        sentences = []
+        for _ in range(rng.randint(8, 30)):
+            kind = rng.randrange(4)
+            if kind == 0:
+                a, b = rng.randint(0, 99), rng.randint(0, 99)
+                sentences.append(f"{a} plus {b} is {a + b}.")
+            elif kind == 1:
+                country, city = rng.choice(_CITIES)
+                sentences.append(f"The capital of {country} is {city}.")
+            elif kind == 2:
+                start = rng.randint(0, 50)
+                sentences.append("Counting: " + ", ".join(str(start + i) for i in range(rng.randint(3, 8))) + ".")
+            else:
+                sentences.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))).capitalize() + ".")
+        docs.append(" ".join(sentences))
+    return docs
+
+
+def train_section(prof, variants, steps, device, budget):
+    """scripts.base_train, in this process, on a generated corpus in a temporary directory."""
+    from nanochat.dataset import write_corpus
+    from nanochat.tokenizer import Tokenizer
+    from scripts import base_train
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as base:
+        previous = os.environ.get("NANOCHAT_BASE_DIR")
+        os.environ["NANOCHAT_BASE_DIR"] = base
+        try:
+            docs = generated_documents(prof["corpus_docs"])
+            write_corpus(docs, os.path.join(base, "base_data"), {"source": "generated"}, rows_per_group=64,
+                         shard_chars=200_000)
+            Tokenizer.train_from_iterator(iter(docs), prof["vocab_train"]).save(os.path.join(base, "tokenizer"))
+            for variant in variants:
+                if not budget.allows(f"train {variant}"):
+                    continue
+                # Uncompiled: the compiled model is measured above, and compiling six more models
+                # would not fit the time budget; the optimizer kernels still compile on CUDA.
+                argv = prof["train"] + ["--hc", variant, "--num-iterations", str(steps), "--model-tag", variant,
+                                        "--eval-every", "-1", "--core-metric-every", "-1", "--save-every", "-1",
+                                        "--compile", "false"]
+                t0 = time.time()
+                row = {"variant": variant, "steps": steps}
+                try:
+                    base_train.main(argv)
+                    with open(os.path.join(base, "runs", variant, "summary.json")) as f:
+                        summary = json.load(f)
+                    with open(os.path.join(base, "runs", variant, "metrics.jsonl")) as f:
+                        losses = [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
+                    row.update(ok=True, first_loss=losses[0], last_loss=losses[-1], val_bpb=summary["val_bpb"],
+                               tok_per_sec=summary["tok_per_sec"], step_time=summary["step_time"],
+                               peak_mem_mib=summary["peak_mem_mib"])
+                except (Exception, SystemExit) as e:  # one variant's failure must not hide the others
+                    row.update(ok=False, error=f"{type(e).__name__}: {e}")
+                    gc.unfreeze()  # base_train stops the collector for its loop; a failure leaves it so
+                    gc.enable()
+                row["wall_s"] = time.time() - t0
+                rows.append(row)
+                _free_memory(device)
+        finally:
+            if previous is None:
+                os.environ.pop("NANOCHAT_BASE_DIR", None)
+            else:
+                os.environ["NANOCHAT_BASE_DIR"] = previous
+    return rows
+
+
+# ----------------------------------------------------------------------------- report
+
+def _f(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def md_table(header, rows):
+    """The report's markdown table; a console table in a code block where matplotlib (which
+    nanochat.report imports) is not installed, so the GPU machine's report never fails."""
+    try:
+        from nanochat.report import md_table as table
+    except ImportError:
+        return "```\n" + text_table(header, rows) + "\n```"
+    return table(header, rows)
+
+
+def markdown(result):
+    env, lines = result["env"], ["# gpu_check", ""]
+    measured = env.get("device") == "cuda"
+    lines.append(f"{env.get('device_name')} ({env.get('device')}), torch {env.get('torch')}, CUDA {env.get('cuda')}, "
+                 f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}; profile `{result['profile']}`.")
+    if not measured:
+        lines.append("\n**No CUDA device: toy sizes, a check that the command runs. These are not GPU numbers.**")
+    if "sdpa_backend_S" in env:
+        lines.append(f"\nSDPA picks `{env['sdpa_backend_S']}` for S layers (explicit mask) and "
+                     f"`{env['sdpa_backend_L']}` for L layers (is_causal).")
+    lines.append(f"backward_pass_autocast = `{env.get('backward_pass_autocast')}`.")
+    if result.get("attention"):
+        r0 = result["attention"][0]
+        lines += ["", f"## Attention, one layer ({r0['pass']}), B={r0['B']} H={r0['H']} T={r0['T']} D={r0['D']}", "",
+                  md_table(["window", "backend", "median ms", "spread", "x sdpa"],
+                           [[f"{r['window_name']} ({r['window']})", r["backend"], f"{r['median_ms']:.3f}",
+                             f"{r['spread_pct']:.1f}%", f"{r['vs_sdpa']:.3f}"] for r in result["attention"]]),
+                  "", "The model uses flex only for S layers (attention=flex|auto on CUDA); L layers always use SDPA."]
+    if result.get("model"):
+        lines += ["", "## Whole model, forward + backward (no optimizer)", "",
+                  md_table(["D", "variant", "B", "median ms", "spread", "tok/s", "MFU %", "x residual", "x mhc",
+                            "x full-causal", "step peak MiB", "params MiB"],
+                           [[r["depth"], r["label"], r["batch"], f"{r['median_ms']:.1f}", f"{r['spread_pct']:.1f}%",
+                             f"{r['tokens_per_s']:,.0f}", _f(r["mfu_pct"], ".1f"), _f(r["vs_residual"], ".3f"),
+                             _f(r["vs_mhc"], ".3f"), _f(r["vs_full_causal"], ".3f"), _f(r["step_peak_mib"], ",.0f"),
+                             f"{r['param_mib']:,.0f}"] for r in result["model"]]),
+                  "", "Ratios are per token (batches may differ after an OOM halving); compiled: "
+                  f"{result['model'][0]['compiled']}."]
+    if result.get("grads"):
+        lines += ["", "## Compiled vs eager gradients, one connection layer (bf16 autocast)", "",
+                  md_table(["variant", "compile backend", "max rel. gap", "worst tensor"],
+                           [[r["variant"], r["backend"], f"{r['max_rel_gap']:.2e}", r["worst"]]
+                            for r in result["grads"]])]
+    if result.get("train"):
+        lines += ["", "## base_train on a generated corpus", "",
+                  md_table(["variant", "steps", "ok", "loss first -> last", "val bpb", "tok/s", "step s", "wall s"],
+                           [[r["variant"], r["steps"], "yes" if r["ok"] else "NO: " + r["error"][:80],
+                             f"{r['first_loss']:.3f} -> {r['last_loss']:.3f}" if r["ok"] else "-",
+                             _f(r.get("val_bpb"), ".4f"), _f(r.get("tok_per_sec"), ",.0f"),
+                             _f(r.get("step_time"), ".3f"), f"{r['wall_s']:.0f}"] for r in result["train"]])]
+    lines += ["", "Seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items())]
+    if result["skipped"]:
+        lines += ["", "Skipped (time budget; run them with --sections / --depths / --variants): "
+                  + ", ".join(result["skipped"])]
+    if result["errors"]:
+        lines += ["", "## Errors", ""] + [f"- {e}" for e in result["errors"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(result, out):
+    with open(os.path.join(out, "gpu_check.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out, "gpu_check.md"), "w") as f:
+        f.write(markdown(result))
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.out):
+        parser.error(f"--out {args.out!r} is not a directory; create it first")
+    cuda = torch.cuda.is_available()
+    profile = "tiny" if args.tiny or not cuda else "gpu"
+    prof = dict(PROFILES[profile])
+    for key in ("depths", "batch", "reps"):
+        if getattr(args, key) is not None:
+            prof[key] = getattr(args, key)
+    device = torch.device("cuda" if cuda and profile == "gpu" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    compile_model = device.type == "cuda"
+    budget = Budget(args.time_budget)
+    result = {"profile": profile, "args": vars(args), "sizes": prof, "env": env_info(device), "elapsed_s": {},
+              "errors": [], "skipped": budget.skipped}
+    sections = {
+        "attention": lambda: attention_section(prof, device, dtype),
+        "model": lambda: model_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
+        "grads": lambda: grads_section(prof, args.variants, device, dtype, autocast,
+                                       "inductor" if compile_model else "eager", budget),
+        "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
+    }
+    for name in SECTIONS[1:]:
+        if name not in args.sections:
+            continue
+        print(f"gpu_check: {name} ...", flush=True)
+        t0 = time.time()
+        try:
+            result[name] = sections[name]()
+        except Exception as e:  # report and go on: the other sections still measure something
+            result["errors"].append(f"{name}: {type(e).__name__}: {e}")
+        result["elapsed_s"][name] = time.time() - t0
+        _free_memory(device)
+        write(result, args.out)
+    write(result, args.out)
+    print(markdown(result))
+    print(f"wrote {os.path.join(args.out, 'gpu_check.json')} and gpu_check.md")
+    failed = result["errors"] or any(not r["ok"] for r in result.get("train", []))
+    if failed:
+        raise SystemExit("error: some checks failed; see the Errors section of gpu_check.md")
+
+
+if __name__ == "__main__":
+    main()

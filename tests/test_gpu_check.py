@@ -1,0 +1,85 @@
+"""scripts.gpu_check at its tiny (CPU) size: every section runs and reports, ratios come from
+its own timings, every variant trains, and bad flags give one error line."""
+
+import json
+
+import pytest
+
+from scripts import bench, gpu_check
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_every_section(tmp_path, capsys):
+    gpu_check.main(["--out", str(tmp_path), "--tiny"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert result["profile"] == "tiny" and result["errors"] == []
+    assert result["env"]["torch"] and result["env"]["backward_pass_autocast"] == "off"
+
+    attention = {r["label"]: r for r in result["attention"]}
+    assert set(attention) == {"S sdpa", "S flex", "L sdpa", "L flex"}
+    for r in attention.values():
+        sdpa = attention[f"{r['window_name']} sdpa"]
+        assert r["vs_sdpa"] == pytest.approx(r["median_ms"] / sdpa["median_ms"])
+    assert attention["S flex"]["window"] == 128 and attention["L flex"]["window"] == 256
+
+    model = result["model"]
+    labels = ["residual", gpu_check.FULL_CAUSAL, *bench.VARIANTS[1:]]
+    assert [(r["depth"], r["label"]) for r in model] == [(d, v) for d in (1, 2) for v in labels]
+    for depth in (1, 2):
+        rows = {r["label"]: r for r in model if r["depth"] == depth}
+        for r in rows.values():
+            assert r["median_ms"] > 0 and r["tokens_per_s"] > 0 and r["n"] == (1 if r["variant"] == "residual" else 4)
+            assert r["vs_residual"] == pytest.approx(r["ms_per_token"] / rows["residual"]["ms_per_token"])
+            assert r["vs_mhc"] == pytest.approx(r["ms_per_token"] / rows["mhc"]["ms_per_token"])
+        assert rows[gpu_check.FULL_CAUSAL]["window_pattern"] == "L"
+    # at depth 2 the first layer is windowed (the last one never is): fewer attention FLOPs
+    windowed, full = (next(r for r in model if r["depth"] == 2 and r["label"] == label)
+                      for label in ("residual", gpu_check.FULL_CAUSAL))
+    assert windowed["flops_per_token"] < full["flops_per_token"]
+
+    # traced (dynamo, no code generation) vs eager, fp32 on CPU: the same numbers
+    assert [r["variant"] for r in result["grads"]] == list(bench.VARIANTS)
+    assert all(r["max_rel_gap"] < 1e-5 for r in result["grads"])
+
+    train = result["train"]
+    assert [r["variant"] for r in train] == list(bench.VARIANTS)
+    for r in train:
+        assert r["ok"], r.get("error")
+        assert r["steps"] == 20 and r["last_loss"] < r["first_loss"] and r["val_bpb"] > 0
+
+    assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--reps", "--batch", "--depths", "--train-steps", "--time-budget"])
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_numeric_flags_reject_bad_values(flag, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.build_parser().parse_args([flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "positive integer" in errors[0] and flag in errors[0]
+    assert "Traceback" not in err
+
+
+def test_missing_out_directory_is_one_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(["--out", str(tmp_path / "nowhere"), "--sections", "env"])
+    assert exc.value.code == 2
+    assert "create it first" in capsys.readouterr().err
+
+
+def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
+    """A budget that runs out after the first depth's residual pair: the rest of the model
+    section and all of the train section are listed as skipped, not failed."""
+    allowed = {"model D1 residual", f"model D1 {gpu_check.FULL_CAUSAL}"}
+    monkeypatch.setattr(gpu_check.Budget, "allows",
+                        lambda self, what: what in allowed or self.skipped.append(what))
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "model", "train"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [r["label"] for r in result["model"]] == ["residual", gpu_check.FULL_CAUSAL]
+    assert result["train"] == [] and result["errors"] == []
+    assert "model D2 residual" in result["skipped"] and "train kromhc" in result["skipped"]
+    assert "Skipped (time budget" in (tmp_path / "gpu_check.md").read_text()
