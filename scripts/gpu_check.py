@@ -310,7 +310,7 @@ def generated_documents(count, seed=0):
 
 def train_section(prof, variants, steps, device, budget):
     """scripts.base_train, in this process, on a generated corpus in a temporary directory."""
-    from nanochat.dataset import write_corpus
+    from nanochat.data.local import write_corpus
     from nanochat.tokenizer import Tokenizer
     from scripts import base_train
 
