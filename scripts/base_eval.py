@@ -79,6 +79,9 @@ def parse_args(argv=None):
         if args.model_tag is None:
             p.error("name the run with --model-tag TAG (base_dir()/runs/TAG) or --run-dir DIR")
         args.run_dir = checkpoint.run_dir_for(args.model_tag)
+        if not os.path.isdir(args.run_dir):
+            p.error(f"argument --model-tag: no run directory {args.run_dir}; train it with "
+                    f"`python -m scripts.base_train --model-tag {args.model_tag}`")
     return args
 
 
