@@ -13,15 +13,16 @@ import argparse
 from pathlib import Path
 
 from nanochat import report
-from nanochat.cli import existing_dir, existing_path, run
+from nanochat.cli import existing_path, run
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--runs", nargs="+", metavar="DIR", type=existing_dir, help="run directories")
-    source.add_argument("--runs-root", metavar="DIR", type=existing_dir,
+    # Not checked for existence: a run asked for but absent is reported as not found.
+    source.add_argument("--runs", nargs="+", metavar="DIR", help="run directories")
+    source.add_argument("--runs-root", metavar="DIR",
                         help="a directory of run directories (default: <base dir>/runs)")
     parser.add_argument("--configs", nargs="+", metavar="PATH", type=existing_path,
                         help="config files or directories: their runs (by model_tag) are reported, and "
