@@ -33,10 +33,10 @@ def _number(text, kind):
     return int(value)
 
 
-def _bound(kind, minimum, maximum, special, what, above=False):
+def _bound(kind, minimum, maximum, special, what, above=False, multiple=None):
     """An argparse type for a finite `kind` in [minimum, maximum] (either may be None;
-    `above`: strictly greater than minimum), also accepting the values of `special`
-    ({value: meaning})."""
+    `above`: strictly greater than minimum; ints: a multiple of `multiple`), also
+    accepting the values of `special` ({value: meaning})."""
     special = special or {}
     expected = " ".join([what, *(f"or {v} ({meaning})" for v, meaning in special.items())])
 
@@ -48,7 +48,8 @@ def _bound(kind, minimum, maximum, special, what, above=False):
         if value in special:
             return value
         low = minimum is not None and (value <= minimum if above else value < minimum)
-        if not math.isfinite(value) or low or (maximum is not None and value > maximum):
+        off_grid = multiple is not None and value % multiple
+        if not math.isfinite(value) or low or (maximum is not None and value > maximum) or off_grid:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
@@ -63,6 +64,10 @@ def positive_int(special=None):
 
 def nonneg_int(special=None):
     return _bound(int, 0, None, special, "an integer >= 0")
+
+
+def positive_even_int():
+    return _bound(int, 2, None, None, "a positive even integer", multiple=2)
 
 
 def int_at_least(minimum, special=None):

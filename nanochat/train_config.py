@@ -7,7 +7,8 @@ import argparse
 import os
 import tomllib
 
-from nanochat.cli import choice, existing_dir, fraction, nonneg_float, nonneg_int, positive_float, positive_int
+from nanochat.cli import (choice, existing_dir, fraction, nonneg_float, nonneg_int, positive_even_int, positive_float,
+                          positive_int)
 
 
 def _bool(text):
@@ -55,7 +56,7 @@ FLAGS = [
     # model
     ("depth", positive_int(), 20, "number of transformer blocks"),
     ("aspect_ratio", positive_int(), 64, "model_dim = depth * aspect_ratio, rounded up to a multiple of head_dim"),
-    ("head_dim", positive_int(), 128, "attention head dimension"),
+    ("head_dim", positive_even_int(), 128, "attention head dimension (even: rotary embeddings pair its halves)"),
     ("max_seq_len", positive_int(), 2048, "context length"),
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
     # connections

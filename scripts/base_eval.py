@@ -46,7 +46,8 @@ def build_parser():
     p.add_argument("--run-dir", type=existing_dir, default=None, help="run directory (instead of --model-tag)")
     p.add_argument("--step", type=nonneg_int(), default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--eval", type=str, default="core,bpb,sample", help=f"comma-separated subset of {','.join(EVALS)}")
-    p.add_argument("--max-per-task", type=positive_int({-1: "all"}), default=-1, help="CORE examples per task (-1 = all)")
+    p.add_argument("--max-per-task", type=positive_int({-1: "all"}), default=-1,
+                   help="CORE examples per task (-1 = all)")
     p.add_argument("--tasks", type=str, default="all",
                    help="CORE tasks: 'all' (every task of core.yaml), 'available' (those whose file is present: "
                         "a partial CORE) or comma-separated labels")
@@ -135,6 +136,9 @@ def main(argv=None):
     if tokenizer.get_vocab_size() != model.config.vocab_size:
         raise SystemExit(f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was trained "
                          f"with {model.config.vocab_size}; point NANOCHAT_BASE_DIR at the run's tokenizer")
+    if args.max_seq_len is not None and args.max_seq_len > model.rotary_len:
+        raise SystemExit(f"error: --max-seq-len {args.max_seq_len} exceeds the {model.rotary_len} tokens the model "
+                         "accepts; lower it or leave it out")
     print0(f"Evaluating {args.run_dir} at step {step} on {device} ({dtype}, world size {info.world_size})")
     results = {"step": step}
 

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from nanochat import connections
-from nanochat.cli import int_at_least, nonneg_int, positive_int, run
+from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
 from nanochat.common import synchronize, text_table
 from nanochat.gpt import GPTConfig, build_model
 
@@ -61,7 +61,8 @@ def build_parser():
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="V",
                    help=f"variants to compare (default: all: {' '.join(VARIANTS)})")
     p.add_argument("--streams", type=positive_int(), default=4, help="n for the hyper-connection variants (default 4)")
-    p.add_argument("--factors", type=int_at_least(2), nargs="*", default=[], help="kromhc factors (default: prime factors of n)")
+    p.add_argument("--factors", type=int_at_least(2), nargs="*", default=[],
+                   help="kromhc factors (default: prime factors of n)")
     p.add_argument("--sk-iters", type=positive_int(), default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
     p.add_argument("--recompute", choices=("off", "on", "both"), default="off",
                    help="hc_recompute for the HC variants; 'both' benches each variant with and without")
@@ -72,8 +73,10 @@ def build_parser():
     p.add_argument("--width", type=positive_int({0: "from the depth"}), default=0,
                    help="C (0 = the default: depth * aspect ratio rounded up to the head dim)")
     p.add_argument("--depth", type=positive_int(), default=4, help="model depth (transformer blocks; default 4)")
-    p.add_argument("--aspect-ratio", type=positive_int(), default=64, help="width = depth * aspect ratio (default 64, nanochat)")
-    p.add_argument("--head-dim", type=positive_int(), default=64, help="attention head dim (default 64; nanochat uses 128)")
+    p.add_argument("--aspect-ratio", type=positive_int(), default=64,
+                   help="width = depth * aspect ratio (default 64, nanochat)")
+    p.add_argument("--head-dim", type=positive_even_int(), default=64,
+                   help="attention head dim, even (default 64; nanochat uses 128)")
     p.add_argument("--vocab-size", type=positive_int(), default=4096, help="model vocabulary (default 4096)")
     p.add_argument("--window-pattern", default="SSSL")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

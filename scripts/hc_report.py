@@ -140,6 +140,8 @@ def resolve_run_dir(path):
 def checkpoint_tokens(args, model, device):
     """(token ids (B, T), description): a validation batch, or random ids when asked."""
     T = args.seq_len or model.config.sequence_len
+    if T > model.rotary_len:
+        raise SystemExit(f"error: --seq-len {T} exceeds the {model.rotary_len} tokens the model accepts; lower it")
     if args.random_tokens:
         g = torch.Generator().manual_seed(args.seed)
         return torch.randint(0, model.config.vocab_size, (args.batch_size, T), generator=g).to(device), \
@@ -148,8 +150,12 @@ def checkpoint_tokens(args, model, device):
     from nanochat.dataset import DatasetError
     from nanochat.tokenizer import get_tokenizer
     try:
-        with build_val_loader(get_tokenizer(args.tokenizer_dir), args.batch_size, T, device=device,
-                              data_dir=args.data_dir) as loader:
+        tokenizer = get_tokenizer(args.tokenizer_dir)
+        if tokenizer.get_vocab_size() != model.config.vocab_size:
+            raise SystemExit(f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was "
+                             f"trained with {model.config.vocab_size}; pass the run's --tokenizer-dir "
+                             "(or --random-tokens)")
+        with build_val_loader(tokenizer, args.batch_size, T, device=device, data_dir=args.data_dir) as loader:
             x, _ = next(loader)
     except (DatasetError, FileNotFoundError) as e:
         raise SystemExit(f"error: no validation tokens ({e}); pass --random-tokens to run on random ids instead")

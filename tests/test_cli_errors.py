@@ -82,12 +82,12 @@ def numeric_flags(parser):
             if a.option_strings and (getattr(a.type, "numeric", False) or a.type in (int, float))}
 
 
-def parse(parser, argv):
-    """(exit code or None, stderr) of parsing argv in-process."""
+def parse(parse_args, argv):
+    """(exit code or None, stderr) of parse_args(argv) in-process."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            parser.parse_args(argv)
+            parse_args(argv)
         except SystemExit as e:
             return e.code, err.getvalue()
     return None, err.getvalue()
@@ -102,7 +102,7 @@ def test_every_numeric_flag_refuses_zero_negative_and_wrong_type(cli):
     for flag, action in flags.items():
         allowed = ALLOWED.get((cli, flag), set())
         for value in ("0", "-1", "abc"):
-            code, err = parse(parser, [*base, flag, value])
+            code, err = parse(parser.parse_args, [*base, flag, value])
             if value in allowed:
                 if code is not None:
                     problems.append(f"{flag} {value}: allowed but refused: {err.strip()}")
@@ -130,23 +130,17 @@ def test_toml_keys_get_the_same_checks(tmp_path):
     assert (args.eval_tokens, args.keep_checkpoints, args.eval_every) == (1_000_000, -1, 0)
 
 
-def test_values_that_parse_only_in_combination_are_refused():
-    code, err = parse_train(["--warmup-ratio", "0.7", "--warmdown-ratio", "0.4"])
+def test_combinations_paths_and_choices_are_checked_at_parse_time():
+    code, err = parse(train_parse_args, ["--warmup-ratio", "0.7", "--warmdown-ratio", "0.4"])
     assert code == 2 and "at most 1" in err
-    code, err = parse_train(["--data-dir", "/no/such/dir"])
+    code, err = parse(train_parse_args, ["--data-dir", "/no/such/dir"])
     assert code == 2 and "--data-dir" in err and "not a directory" in err
-    code, err = parse_train(["--device-type", "gpu"])
+    code, err = parse(train_parse_args, ["--device-type", "gpu"])
     assert code == 2 and "--device-type" in err and "'cuda'" in err
-
-
-def parse_train(argv):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            train_parse_args(argv)
-        except SystemExit as e:
-            return e.code, err.getvalue()
-    return None, err.getvalue()
+    code, err = parse(train_parse_args, ["--head-dim", "7"])
+    assert code == 2 and "--head-dim" in err and "even" in err
+    assert parse(train_parse_args, ["--eval-tokens", "2e6", "--head-dim", "64", "--warmup-ratio", "0.25",
+                                    "--matrix-lr", "0.01", "--hc-factors", "4x2"]) == (None, "")
 
 
 # ----------------------------------------------------------------------------- real processes

@@ -258,7 +258,8 @@ def test_close_stops_the_thread_while_it_is_inside_the_tokenizer(tok, small_corp
 LEFT_OPEN = """
 import atexit, sys, threading
 # registered first, so it runs last: after the dataloader's own exit hook
-atexit.register(lambda: print("alive at exit:", [t.name for t in threading.enumerate() if t.name.startswith("dataloader")]))
+atexit.register(lambda: print("alive at exit:",
+                              [t.name for t in threading.enumerate() if t.name.startswith("dataloader")]))
 from nanochat.dataloader import BestFitLoader
 from nanochat.tokenizer import get_tokenizer
 sys.path.insert(0, sys.argv[3])
