@@ -39,7 +39,7 @@ def _int_list(text):
 
 
 _int_list.numeric = True
-NEVER = {-1: "never"}
+NEVER = {-1: "never"}  # the special value of the "every N steps" flags
 
 
 # (flag, type, default, help). Defaults are nanochat's at commit 4d8dbaf, with the

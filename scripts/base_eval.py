@@ -21,7 +21,7 @@ import os
 import torch
 
 from nanochat import checkpoint
-from nanochat.cli import choice, existing_dir, positive_int, nonneg_int, run
+from nanochat.cli import choice, existing_dir, nonneg_int, positive_int, run
 from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
 from nanochat.loss_eval import evaluate_bpb
