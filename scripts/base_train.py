@@ -208,6 +208,10 @@ def main(argv=None):
         else:
             resume_meta = ckpt.load_meta(run_dir, step)
             check_resume_settings(resume_meta["settings"], values, resume_meta["world_size"], info.world_size)
+            if resume_meta["model_config"]["vocab_size"] != vocab_size:
+                raise SystemExit(f"error: the run was trained with a {resume_meta['model_config']['vocab_size']}-token "
+                                 f"tokenizer but the trained tokenizer has {vocab_size}; resume with the run's own "
+                                 f"tokenizer (the NANOCHAT_BASE_DIR it was trained under)")
             start_step = step
     elif master and ckpt.saved_steps(run_dir):
         raise SystemExit(f"error: {run_dir} already holds checkpoints; pass --resume to continue it, "
@@ -270,8 +274,11 @@ def main(argv=None):
         print0(f"resumed from step {start_step} of {run_dir}")
 
     data_dir = args.data_dir or None
-    train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
-                                 world_size=info.world_size, data_dir=data_dir, state=loader_state)
+    try:
+        train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
+                                     world_size=info.world_size, data_dir=data_dir, state=loader_state)
+    except ValueError as e:  # a saved dataloader state that does not match this run
+        raise SystemExit(f"error: {e}") from None
 
     metrics_path = os.path.join(run_dir, "metrics.jsonl") if master else None
     if master:

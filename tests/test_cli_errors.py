@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from nanochat.tokenizer import Tokenizer
 from nanochat.train_config import parse_args as train_parse_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,8 +183,19 @@ def test_runtime_mistakes_end_in_one_error_line(tmp_path, small_corpus_dir, toke
                              base=only_tok), "vocab_size=4096", "--vocab-size 4096")
     # a device the machine lacks
     assert_one_error(run_cli("scripts.base_train", *TRAIN, "--device-type", "cuda", base=empty), "no CUDA device")
-    # evaluation of a run that does not exist; the tokenizer's evaluation without one
+    # evaluation of a run that does not exist; a report of no runs
     assert_one_error(run_cli("scripts.base_eval", "--model-tag", "nope", "--eval", "bpb", base=empty),
                      "no run directory", "--model-tag nope")
-    assert_one_error(run_cli("scripts.tok_eval", base=empty), "no trained tokenizer")
+    # a run resumed under a tokenizer of another size
+    only_tok.joinpath("tokenizer").unlink()
+    os.symlink(tokenizer_dir, only_tok / "tokenizer")
+    train = [*TRAIN, "--data-dir", small_corpus_dir, "--eval-every", "-1", "--model-tag", "r"]
+    assert run_cli("scripts.base_train", *train, base=only_tok).returncode == 0
+    other = tmp_path / "other_tok"
+    small = Tokenizer.train_from_iterator(["a small text to learn a few merges from"] * 4, 300)
+    small.save(str(other))
+    only_tok.joinpath("tokenizer").unlink()
+    os.symlink(other, only_tok / "tokenizer")
+    assert_one_error(run_cli("scripts.base_train", *train, "--resume", "true", base=only_tok),
+                     "512-token", f"has {small.get_vocab_size()};", "the run's own tokenizer")
     assert_one_error(run_cli("scripts.report", "--runs-root", str(empty), base=empty), "no run directories")
