@@ -126,8 +126,8 @@ def fail(message, code=1):
 def run(main):
     """Call main() with no arguments; a failure that is the user's to fix ends in one
     `error:` line: missing or corrupt data (DatasetError), a missing file or directory,
-    permissions, a full disk, Ctrl-C, and SystemExit messages. Anything else is a bug and
-    keeps its traceback."""
+    permissions, a full disk, GPU memory exhausted, Ctrl-C, and SystemExit messages.
+    Anything else is a bug and keeps its traceback."""
     try:
         main()
     except SystemExit as e:  # a message without the prefix (from library code) gets it
@@ -140,6 +140,10 @@ def run(main):
         from nanochat.dataset import DatasetError
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             fail(f"no space left on the device ({e.filename or e}): free disk space and run again")
+        torch = sys.modules.get("torch")  # loaded by every command that can run out of GPU memory
+        if torch is not None and isinstance(e, torch.cuda.OutOfMemoryError):
+            fail(f"out of GPU memory ({str(e).splitlines()[0]}): lower the batch size (--device-batch-size; "
+                 "gradient accumulation keeps the total batch) or the sequence length")
         if not isinstance(e, (DatasetError, OSError)):
             raise
         fail(str(e))

@@ -4,6 +4,7 @@ through the same checks, and the runtime mistakes (missing tokenizer, data, run)
 processes that end in one `error:` line without a traceback."""
 
 import contextlib
+import errno
 import importlib
 import importlib.util
 import io
@@ -12,7 +13,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from nanochat import cli
+from nanochat.dataset import DatasetError
 from nanochat.tokenizer import Tokenizer
 from nanochat.train_config import parse_args as train_parse_args
 
@@ -199,3 +203,29 @@ def test_runtime_mistakes_end_in_one_error_line(tmp_path, small_corpus_dir, toke
     assert_one_error(run_cli("scripts.base_train", *train, "--resume", "true", base=only_tok),
                      "512-token", f"has {small.get_vocab_size()};", "the run's own tokenizer")
     assert_one_error(run_cli("scripts.report", "--runs-root", str(empty), base=empty), "no run directories")
+
+
+def guarded(exc):
+    """(exit code, stderr) of cli.run around a main() that raises `exc`."""
+    def main():
+        raise exc
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        cli.run(main)
+    return e.value.code, err.getvalue()
+
+
+def test_the_guard_turns_user_errors_into_one_line_and_keeps_bugs_loud():
+    assert guarded(DatasetError("no shards in /x: run it")) == (1, "error: no shards in /x: run it\n")
+    assert guarded(FileNotFoundError("no trained tokenizer in /t")) == (1, "error: no trained tokenizer in /t\n")
+    code, err = guarded(OSError(errno.ENOSPC, "No space left on device", "/runs/r/model_000004.pt"))
+    assert code == 1 and err.startswith("error: no space left") and "model_000004.pt" in err
+    code, err = guarded(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB\nmore"))
+    assert code == 1 and err.count("\n") == 1 and "--device-batch-size" in err and "Tried to allocate" in err
+    assert guarded(KeyboardInterrupt()) == (130, "error: interrupted\n")
+    assert guarded(SystemExit("base_eval: no run")) == (1, "error: base_eval: no run\n")
+    with pytest.raises(SystemExit) as e:  # already prefixed: Python prints it as it is
+        cli.run(lambda: sys.exit("error: done"))
+    assert e.value.code == "error: done"
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        cli.run(lambda: 1 / 0)
