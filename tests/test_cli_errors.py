@@ -1,7 +1,7 @@
 """Bad input to every command-line entry point: each numeric flag walked through 0, -1 and
 a wrong type at parse time (one `error:` line naming the flag, a non-zero exit), TOML keys
 through the same checks, and the runtime mistakes (missing tokenizer, data, run) as real
-processes that end in one `error:` line without a traceback."""
+processes that end in one `error:` line without a traceback, and the guard around main()."""
 
 import contextlib
 import errno
