@@ -7,6 +7,11 @@ model config, settings, loop state, every rank's dataloader state and RNG state)
 file is written to a temporary name, fsynced and renamed, so a file either exists whole
 or not at all; `latest` moves only after every file of the step exists, so a run killed
 mid-save resumes from the previous complete checkpoint.
+
+Disk: prune() keeps the K most recent intermediate checkpoints, the final one and the one
+`latest` names, and deletes the rest (with the files of torn saves older than `latest`).
+A save that fails (a full disk) deletes what it wrote of its step and leaves the previous
+checkpoint, and `latest`, as they were.
 """
 
 import base64
@@ -78,6 +83,9 @@ def restore_rng_state(text):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+_STEP_FILE = re.compile(r"(?:model|meta|optim)_(\d+)(?:_rank\d+)?\.(?:pt|json)")
+
+
 def _paths(run_dir, step, rank=0):
     return (os.path.join(run_dir, f"model_{step:06d}.pt"),
             os.path.join(run_dir, f"optim_{step:06d}_rank{rank}.pt"),
@@ -85,13 +93,24 @@ def _paths(run_dir, step, rank=0):
 
 
 def save_rank_files(run_dir, step, rank, optimizer_state, model_state=None, meta=None):
-    """Every rank writes its optimizer shard; rank 0 also the model and meta."""
+    """Every rank writes its optimizer shard; rank 0 also the model and meta. On failure
+    (OSError, e.g. no space left) what this call wrote is deleted before re-raising."""
     model_path, optim_path, meta_path = _paths(run_dir, step, rank)
-    atomic_write(optim_path, _torch_bytes(optimizer_state))
+    # Serialized one at a time, when written: the model and the optimizer state are large.
+    files = [(optim_path, lambda: _torch_bytes(optimizer_state))]
     if model_state is not None:
-        atomic_write(model_path, _torch_bytes(model_state))
+        files.append((model_path, lambda: _torch_bytes(model_state)))
     if meta is not None:
-        atomic_write(meta_path, json.dumps(meta, indent=1))
+        files.append((meta_path, lambda: json.dumps(meta, indent=1)))
+    written = []
+    try:
+        for path, data in files:
+            atomic_write(path, data())
+            written.append(path)
+    except OSError:
+        for path in written:
+            os.remove(path)
+        raise
 
 
 def is_complete(run_dir, step):
@@ -118,6 +137,55 @@ def saved_steps(run_dir):
         return []
     steps = {int(m.group(1)) for f in os.listdir(run_dir) if (m := re.fullmatch(r"meta_(\d+)\.json", f))}
     return sorted(steps)
+
+
+def _step_files(run_dir):
+    """{step: [file names]} of every checkpoint file in the run directory."""
+    files = {}
+    for name in os.listdir(run_dir):
+        if m := _STEP_FILE.fullmatch(name):
+            files.setdefault(int(m.group(1)), []).append(name)
+    return files
+
+
+def prune(run_dir, keep, final_step=None):
+    """Delete the checkpoints that --keep-checkpoints K does not keep: all but the K most
+    recent complete intermediate ones, the final one (`final_step`) and `latest`'s; also the
+    files of incomplete steps older than `latest`. keep = -1 keeps everything. Returns the
+    deleted steps. The meta file goes first, so an interrupted prune leaves only files that
+    no step claims, which the next prune removes."""
+    latest = latest_step(run_dir)
+    if keep < 0 or latest is None:
+        return []
+    files = _step_files(run_dir)
+    intermediate = [s for s in sorted(files) if s != final_step and s <= latest and is_complete(run_dir, s)]
+    kept = {latest, final_step, *(intermediate[-keep:] if keep else [])}
+    pruned = [s for s in sorted(files) if s < latest and s not in kept]
+    for step in pruned:
+        for name in sorted(files[step], key=lambda n: not n.startswith("meta_")):
+            os.remove(os.path.join(run_dir, name))
+    if pruned:
+        _fsync_dir(run_dir)
+    return pruned
+
+
+def dir_size(path):
+    """Bytes of the files under `path`."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:  # a temporary file renamed or removed meanwhile
+                pass
+    return total
+
+
+def human_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
 
 
 def latest_step(run_dir):

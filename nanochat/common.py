@@ -87,9 +87,9 @@ def compute_init(device_type="", seed=42):
     elsewhere), seed, and enable TF32. Returns (dist_info, device)."""
     device_type = device_type or autodetect_device_type()
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device-type cuda was asked for but no CUDA device is visible; use --device-type cpu")
+        raise SystemExit("error: --device-type cuda was asked for but no CUDA device is visible; use --device-type cpu")
     if device_type == "mps" and not torch.backends.mps.is_available():
-        raise RuntimeError("--device-type mps was asked for but MPS is not available; use --device-type cpu")
+        raise SystemExit("error: --device-type mps was asked for but MPS is not available; use --device-type cpu")
     info = get_dist_info()
     if device_type == "cuda":
         device = torch.device("cuda", info.local_rank)

@@ -10,18 +10,29 @@ Rank r of W reads row groups r, r+W, r+2W, ... of every file of the split, in fi
 after the last file it starts again at file 0 with the next epoch. With an `order_seed`, each
 rank reads its row groups in an order shuffled by that seed instead (the same order every
 epoch), so that runs can differ in their data order alone; without one the order is
-nanochat's fixed one.
+nanochat's fixed one. With epochs=1 (for evaluation) it stops after one pass instead: the
+last batch is completed with ignored targets (-1, inputs BOS) and the next call raises
+StopIteration, so a small split is read exactly once.
 
 state_dict() describes what next() has consumed, never what the prefetch thread read
 ahead: the position of the last document taken into the buffer, and the buffered
 documents themselves as (file, row group, index) references. A loader rebuilt from it
 re-reads and re-tokenizes those documents and then yields exactly the batches the
 uninterrupted loader would have. Each rank saves and restores its own state.
+
+Shutdown: the prefetch thread checks a stop event between tokenizer batches and never
+blocks on the queue for long. close() (also on `with` exit, garbage collection, and for
+every loader still open at interpreter exit) sets the event and joins the thread. The
+join at exit matters: a daemon thread still inside pyarrow or the tokenizer when Python
+finalizes is unwound through native frames and aborts the process ("terminate called
+without an active exception").
 """
 
+import atexit
 import bisect
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections import deque
@@ -34,6 +45,16 @@ from nanochat.common import print0
 from nanochat.data.shards import DatasetError, list_parquet_files
 
 STATE_VERSION = 1
+# How long close() waits for the prefetch thread to finish the tokenizer batch it is in.
+JOIN_TIMEOUT = 60.0
+_END = "end of the pass"  # the prefetch thread's last item when epochs=1
+_open_loaders = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders():
+    for loader in list(_open_loaders):
+        loader.close()
 
 
 class _RowGroupReader:
@@ -49,9 +70,10 @@ class _RowGroupReader:
         return self._open[1].read_row_group(rg, columns=["text"]).column("text").to_pylist()
 
 
-def _produce(plan, paths, start, tokenizer, bos, batch_size, threads, out, stop):
+def _produce(plan, paths, start, tokenizer, bos, batch_size, threads, out, stop, epochs):
     """Prefetch thread: from `start` = (epoch, plan index, doc), tokenize this rank's
-    documents in order, forever, and put lists of ((epoch, plan index, doc), ids) on `out`.
+    documents in order, forever (or `epochs` passes, then _END), and put lists of
+    ((epoch, plan index, doc), ids) on `out`.
     Holds no reference to the loader, so a dropped loader can be collected (and stop us)."""
 
     def put(item):
@@ -74,6 +96,9 @@ def _produce(plan, paths, start, tokenizer, bos, batch_size, threads, out, stop)
                     return
             first, i = 0, i + 1
             if i == len(plan):
+                if epoch == epochs:
+                    put(_END)
+                    return
                 epoch, i = epoch + 1, 0
     except BaseException as e:  # surfaced by next() in the training thread
         put(e)
@@ -83,13 +108,17 @@ class BestFitLoader:
     """Iterator of (x, y), each (B, T) int64 on `device`; see the module docstring.
 
     x and y are fresh tensors every step (safe to keep across next()). On CUDA the rows are
-    assembled in pinned host memory and copied with one non-blocking host-to-device copy."""
+    assembled in pinned host memory and copied with one non-blocking host-to-device copy.
+    epochs: None cycles the split forever (training); 1 reads it once (evaluation)."""
 
     def __init__(self, tokenizer, B, T, split, device="cpu", rank=0, world_size=1, data_dir=None, state=None,
-                 buffer_size=1000, tokenizer_threads=4, tokenizer_batch_size=128, order_seed=None):
+                 buffer_size=1000, tokenizer_threads=4, tokenizer_batch_size=128, order_seed=None,
+                 epochs=None):
         if B <= 0 or T <= 0 or buffer_size <= 0 or tokenizer_batch_size <= 0:
             raise ValueError(f"B, T, buffer_size and tokenizer_batch_size must be positive "
                              f"(got {B}, {T}, {buffer_size}, {tokenizer_batch_size})")
+        if epochs not in (None, 1):
+            raise ValueError(f"epochs must be None (cycle) or 1 (one pass), got {epochs!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         self.B, self.T, self.split = B, T, split
@@ -119,7 +148,8 @@ class BestFitLoader:
         # best-fit is a bisection. seq grows with arrival, so ties go to the oldest document.
         self._docs, self._by_len, self._next_seq = {}, [], 0
         self._cursor = None  # (epoch, plan index, doc) of the last document taken into the buffer
-        self.epoch = 1
+        self.epoch, self.epochs = 1, epochs
+        self._ended = False  # the one pass of an epochs=1 loader has been read
         self.stats = {"batches": 0, "docs": 0, "tokens_kept": 0, "tokens_cropped": 0}
         if state is not None:
             self._load_state(state)
@@ -131,9 +161,10 @@ class BestFitLoader:
         self._thread = threading.Thread(
             target=_produce, daemon=True, name=f"dataloader-{split}-rank{rank}",
             args=(self.plan, self.paths, start, tokenizer, self.bos, tokenizer_batch_size, tokenizer_threads,
-                  self._queue, self._stop))
+                  self._queue, self._stop, epochs))
         self._thread.start()
         weakref.finalize(self, self._stop.set)
+        _open_loaders.add(self)
 
         self._rows = np.empty((B, T + 1), dtype=np.int64)
         if self.device.type == "cuda":
@@ -150,7 +181,8 @@ class BestFitLoader:
         bisect.insort(self._by_len, (len(ids), seq))
 
     def _pull(self):
-        """Move the next document of the stream from the prefetch thread into the buffer."""
+        """Move the next document of the stream from the prefetch thread into the buffer;
+        at the end of an epochs=1 pass, set _ended instead."""
         while not self._pending:
             try:
                 item = self._queue.get(timeout=1.0)
@@ -160,6 +192,9 @@ class BestFitLoader:
                 continue
             if isinstance(item, BaseException):
                 raise RuntimeError(f"the {self.split} dataloader's prefetch thread failed: {item}") from item
+            if item is _END:
+                self._ended = True
+                return
             self._pending.extend(item)
         (epoch, plan_idx, doc_idx), ids = self._pending.popleft()
         if epoch > self.epoch:
@@ -191,25 +226,41 @@ class BestFitLoader:
         for b in range(self.B):
             pos = 0
             while pos < width:
-                while len(self._docs) < self.buffer_size:
+                while len(self._docs) < self.buffer_size and not self._ended:
                     self._pull()
+                if not self._docs:
+                    break
                 ids = self._take(width - pos)
                 rows[b, pos:pos + len(ids)] = ids
                 pos += len(ids)
+            if pos < width:  # the end of the pass: pad this row and the rest with -1
+                if b == 0 and pos == 0:
+                    raise StopIteration
+                rows[b, pos:] = -1
+                rows[b + 1:] = -1
+                break
         self.stats["batches"] += 1
         return self._to_device(rows)
 
+    def _inputs_targets(self, rows):
+        """Views x, y of the rows; padding (-1) becomes BOS in x and stays -1 (ignored) in y."""
+        x, y = rows[:, :-1], rows[:, 1:]
+        if self._ended:
+            x = np.where(x < 0, self.bos, x)
+        return x, y
+
     def _to_device(self, rows):
+        x_rows, y_rows = self._inputs_targets(rows)
         if self.device.type != "cuda":
-            x = torch.from_numpy(rows[:, :-1].copy())
-            y = torch.from_numpy(rows[:, 1:].copy())
+            x = torch.from_numpy(np.array(x_rows))
+            y = torch.from_numpy(np.array(y_rows))
             return (x, y) if self.device.type == "cpu" else (x.to(self.device), y.to(self.device))
         k = self.stats["batches"] % 2
         if self._copied[k] is not None:
             self._copied[k].synchronize()
         host = self._pinned[k]
-        host[0].numpy()[:] = rows[:, :-1]
-        host[1].numpy()[:] = rows[:, 1:]
+        host[0].numpy()[:] = x_rows
+        host[1].numpy()[:] = y_rows
         dev = torch.empty((2, self.B, self.T), dtype=torch.int64, device=self.device)
         dev.copy_(host, non_blocking=True)
         self._copied[k] = torch.cuda.Event()
@@ -270,9 +321,16 @@ class BestFitLoader:
             self._insert(index[(f, rg)], doc, ids[(f, rg, doc)])
 
     def close(self):
-        """Stop the prefetch thread (also done when the loader is garbage collected)."""
+        """Stop the prefetch thread and wait for it (it finishes the tokenizer batch it is
+        in). Also done on `with` exit, on garbage collection (without the wait) and, for
+        every loader still open, at interpreter exit."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=JOIN_TIMEOUT)
+        if self._thread.is_alive():
+            print(f"warning: the {self.split} dataloader's prefetch thread did not stop within "
+                  f"{JOIN_TIMEOUT:.0f} s", file=sys.stderr)
+        _open_loaders.discard(self)
 
     def __enter__(self):
         return self

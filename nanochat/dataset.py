@@ -10,6 +10,7 @@ python -m nanochat.dataset --from-hf NAME [--hf-config C] [--hf-split S] [--hf-d
 import argparse
 import os
 
+from nanochat.cli import int_at_least, int_in, nonneg_int, positive_int, run
 from nanochat.data import hf
 from nanochat.data.fineweb import BASE_URL, download, source_reachable, source_url, wanted_shards
 from nanochat.data.local import build_offline_corpus, build_text_corpus
@@ -38,38 +39,15 @@ def offline_fallback(num_files, data_dir=None, workers=4, base_url=None):
     build_offline_corpus(directory)
 
 
-def _int_at_least(minimum, scientific=False):
-    """An argparse type: an integer >= minimum (`scientific` also takes 2e9)."""
-    def parse(text):
-        try:
-            value = float(text) if scientific else int(text)
-            if value != int(value):
-                raise ValueError
-            value = int(value)
-        except (ValueError, OverflowError):
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
-
-
-def _train_shards(text):
-    value = _int_at_least(-1)(text)
-    if value > MAX_SHARD:
-        raise argparse.ArgumentTypeError(f"at most {MAX_SHARD} train shards exist, got {value} (-1: all of them)")
-    return value
-
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m nanochat.dataset",
         description="Download FineWeb-Edu shards (train 0..N-1 plus the pinned val shard 01822), or build a "
                     "corpus in the same format from local text or from any Hugging Face `datasets` source.")
-    parser.add_argument("-n", "--num-files", type=_train_shards, default=-1,
+    parser.add_argument("-n", "--num-files", type=int_in(1, MAX_SHARD, {0: "only the val shard", -1: "all of them"}), default=-1,
                         help=f"FineWeb-Edu train shards to download, 1..{MAX_SHARD}; 0 means only the val shard "
                              "(which always comes too), -1 means all of them (default)")
-    parser.add_argument("-w", "--num-workers", type=_int_at_least(1), default=4, help="parallel downloads (>= 1)")
+    parser.add_argument("-w", "--num-workers", type=positive_int(), default=4, help="parallel downloads (>= 1)")
     parser.add_argument("--base-url", default=None, help=f"shard source (default $NANOCHAT_DATA_URL or {BASE_URL})")
     parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
     mode = parser.add_mutually_exclusive_group()
@@ -93,17 +71,17 @@ def build_parser():
                                                           "recorded in the manifest)")
     conv.add_argument("--text-column", default=None, help="column holding the documents (default text)")
     limit = conv.add_mutually_exclusive_group()
-    limit.add_argument("--max-docs", type=_int_at_least(2), default=None,
+    limit.add_argument("--max-docs", type=int_at_least(2), default=None,
                        help="stop after this many documents, val included (default: the whole split)")
-    limit.add_argument("--max-chars", type=_int_at_least(1, scientific=True), default=None,
+    limit.add_argument("--max-chars", type=positive_int(), default=None,
                        help="stop once this many characters are kept, val included; 2e9 works")
-    conv.add_argument("--shard-docs", type=_int_at_least(1), default=None,
+    conv.add_argument("--shard-docs", type=positive_int(), default=None,
                       help=f"documents per train shard (default {hf.SHARD_DOCS:,}, written in row groups of 1024)")
-    conv.add_argument("--val-docs", type=_int_at_least(1), default=None,
+    conv.add_argument("--val-docs", type=positive_int(), default=None,
                       help=f"documents in the pinned val shard, the first of the stream (default {hf.VAL_DOCS:,})")
-    conv.add_argument("--shuffle-seed", type=_int_at_least(0), default=None,
+    conv.add_argument("--shuffle-seed", type=nonneg_int(), default=None,
                       help="shuffle the stream with this seed (0 is a valid seed; default: source order)")
-    conv.add_argument("--shuffle-buffer", type=_int_at_least(1), default=None,
+    conv.add_argument("--shuffle-buffer", type=positive_int(), default=None,
                       help=f"documents in the shuffle buffer (default {hf.SHUFFLE_BUFFER:,})")
     return parser
 
@@ -145,8 +123,8 @@ def main(argv=None):
         else:
             download(args.num_files, args.data_dir, args.num_workers, args.base_url)
     except (DatasetError, ValueError, OSError) as e:  # OSError: e.g. the disk filled up
-        raise SystemExit(f"nanochat.dataset: error: {e}")
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

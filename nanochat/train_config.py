@@ -7,6 +7,9 @@ import argparse
 import os
 import tomllib
 
+from nanochat.cli import (choice, existing_dir, fraction, nonneg_float, nonneg_int, positive_even_int, positive_float,
+                          positive_int)
+
 
 def _bool(text):
     if isinstance(text, bool):
@@ -20,15 +23,23 @@ def _bool(text):
 
 
 def _int_list(text):
+    """KromHC factors: a TOML list, or text like 2,2,2 or 4x2; empty = the default."""
     if isinstance(text, list):
-        return [int(v) for v in text]
-    text = str(text).strip()
-    if not text:
-        return []
+        parts = text
+    else:
+        text = str(text).strip()
+        parts = text.replace("x", ",").split(",") if text else []
     try:
-        return [int(v) for v in text.replace("x", ",").split(",")]
+        factors = [int(v) for v in parts if not isinstance(v, (bool, float))]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected factors like 2,2 or 4x2, got {text!r}") from None
+        factors = None
+    if factors is None or len(factors) != len(parts) or any(f < 2 for f in factors):
+        raise argparse.ArgumentTypeError(f"expected factors >= 2 like 2,2 or 4x2, got {text!r}")
+    return factors
+
+
+_int_list.numeric = True
+NEVER = {-1: "never"}  # the special value of the "every N steps" flags
 
 
 # (flag, type, default, help). Defaults are nanochat's at commit 4d8dbaf, with the
@@ -37,63 +48,75 @@ FLAGS = [
     # run bookkeeping
     ("run", str, "dummy", "wandb run name; 'dummy' disables wandb"),
     ("model_tag", str, "", "run directory name under $NANOCHAT_BASE_DIR/runs (default d<depth>_<hc>)"),
-    ("device_type", str, "", "cuda | cpu | mps (empty: autodetect)"),
-    ("seed", int, 42, "seed for initialization"),
-    ("data_seed", int, -1, "seed that shuffles the order of the training data's row groups "
-                           "(-1: nanochat's fixed order, files and row groups in sequence)"),
+    ("device_type", choice("", "cuda", "cpu", "mps"), "", "cuda | cpu | mps (empty: autodetect)"),
+    ("seed", nonneg_int(), 42, "seed for initialization"),
+    ("data_seed", nonneg_int({-1: "nanochat's fixed order"}), -1,
+     "seed that shuffles the order of the training data's row groups "
+     "(-1: nanochat's fixed order, files and row groups in sequence)"),
     ("compile", _bool, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
-    ("data_dir", str, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
-    ("vocab_size", int, 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
+    ("data_dir", existing_dir, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
+    ("vocab_size", nonneg_int(), 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
     # model
-    ("depth", int, 20, "number of transformer blocks"),
-    ("aspect_ratio", int, 64, "model_dim = depth * aspect_ratio, rounded up to a multiple of head_dim"),
-    ("head_dim", int, 128, "attention head dimension"),
-    ("max_seq_len", int, 2048, "context length"),
+    ("depth", positive_int(), 20, "number of transformer blocks"),
+    ("aspect_ratio", positive_int(), 64, "model_dim = depth * aspect_ratio, rounded up to a multiple of head_dim"),
+    ("head_dim", positive_even_int(), 128, "attention head dimension (even: rotary embeddings pair its halves)"),
+    ("max_seq_len", positive_int(), 2048, "context length"),
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
     ("value_embeds", _bool, True, "nanochat's value embeddings on alternating layers (off + a 65,536 vocab: "
                                   "the paper's ~60M/~186M sizes)"),
-    ("attention", str, "auto", "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | "
-                               "auto (flex on CUDA, sdpa elsewhere)"),
+    ("attention", choice("auto", "flex", "sdpa"), "auto",
+     "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | auto (flex on CUDA, sdpa elsewhere)"),
     # connections
     ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc"),
-    ("hc_streams", int, 0, "number of streams n (0: the variant's default, 4 for HC variants)"),
+    ("hc_streams", nonneg_int(), 0, "number of streams n (0: the variant's default, 4 for HC variants)"),
     ("hc_factors", _int_list, [], "KromHC factorization of n, e.g. 2,2,2 or 4x2 (default: prime factors)"),
     ("hc_alpha_shared", _bool, True, "KromHC: one alpha_res shared by all factors"),
-    ("hc_sk_iters", int, 20, "mHC: Sinkhorn-Knopp iterations"),
+    ("hc_sk_iters", positive_int(), 20, "mHC: Sinkhorn-Knopp iterations"),
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it)"),
     ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
-    ("hc_lr", float, 0.005, "AdamW LR of every HC connection parameter (paper: 0.005); not used by residual"),
-    ("scalar_lr", float, 0.5, "residual baseline, as nanochat: AdamW LR of the x0 scalars; the resid scalars "
-                              "train at scalar_lr * 0.01 (= 0.005, the paper's LR for residual connections)"),
-    ("x0_beta1", float, 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
-    ("hc_stats_every", int, 250, "log connection diagnostics every N steps (-1 = off)"),
-    ("hc_kernels", str, "torch", "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
-                                 "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
+    ("hc_lr", nonneg_float(), 0.005, "AdamW LR of every HC connection parameter (paper: 0.005; 0 freezes them); "
+                                     "not used by residual"),
+    ("scalar_lr", nonneg_float(), 0.5, "residual baseline, as nanochat: AdamW LR of the x0 scalars; the resid "
+                                       "scalars train at scalar_lr * 0.01 (= 0.005, the paper's LR for residual "
+                                       "connections; 0 freezes them)"),
+    ("x0_beta1", fraction(), 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
+    ("hc_stats_every", positive_int(NEVER), 250, "log connection diagnostics every N steps (-1 = never)"),
+    ("hc_kernels", choice("torch", "liger", "auto"), "torch",
+     "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
+     "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
     # horizon
-    ("num_iterations", int, -1, "explicit number of steps (highest precedence)"),
-    ("target_flops", float, -1.0, "compute budget: steps = flops / (flops_per_token * batch)"),
-    ("target_param_data_ratio", float, 10.5, "tokens : scaling params ratio when no steps/flops are given"),
+    ("num_iterations", positive_int({-1: "from the flops or the data ratio"}), -1,
+     "explicit number of steps (highest precedence; -1 = from --target-flops or --target-param-data-ratio)"),
+    ("target_flops", positive_float({-1: "unused"}), -1.0,
+     "compute budget: steps = flops / (flops_per_token * batch) (-1 = unused)"),
+    ("target_param_data_ratio", positive_float({-1: "unused"}), 10.5,
+     "tokens : scaling params ratio when no steps/flops are given (-1 = unused)"),
     # batch
-    ("device_batch_size", int, 32, "rows per rank per micro-step"),
-    ("total_batch_size", int, 524288, "tokens per optimizer step (gradient accumulation fills it)"),
+    ("device_batch_size", positive_int(), 32, "rows per rank per micro-step"),
+    ("total_batch_size", positive_int(), 524288, "tokens per optimizer step (gradient accumulation fills it)"),
     # optimization
-    ("embedding_lr", float, 0.3, "AdamW LR of wte and value embeddings (x (C/768)^-0.5)"),
-    ("unembedding_lr", float, 0.004, "AdamW LR of lm_head (x (C/768)^-0.5)"),
-    ("matrix_lr", float, 0.02, "Muon LR"),
-    ("weight_decay", float, 0.2, "Muon cautious weight decay at depth 12 (scaled by (12/depth)^2)"),
-    ("warmup_ratio", float, 0.0, "fraction of steps of linear LR warmup"),
-    ("warmdown_ratio", float, 0.4, "fraction of steps of linear LR warmdown (nanochat 4d8dbaf / paper)"),
-    ("final_lr_frac", float, 0.0, "LR multiplier at the end of warmdown"),
+    ("embedding_lr", nonneg_float(), 0.3, "AdamW LR of wte and value embeddings (x (C/768)^-0.5; 0 freezes them)"),
+    ("unembedding_lr", nonneg_float(), 0.004, "AdamW LR of lm_head (x (C/768)^-0.5; 0 freezes it)"),
+    ("matrix_lr", nonneg_float(), 0.02, "Muon LR (0 freezes the matrices)"),
+    ("weight_decay", nonneg_float(), 0.2, "Muon cautious weight decay at depth 12 (scaled by (12/depth)^2)"),
+    ("warmup_ratio", fraction(), 0.0, "fraction of steps of linear LR warmup (0..1, with warmdown at most 1)"),
+    ("warmdown_ratio", fraction(), 0.4, "fraction of steps of linear LR warmdown (nanochat 4d8dbaf / paper)"),
+    ("final_lr_frac", fraction(), 0.0, "LR multiplier at the end of warmdown (0..1)"),
     # evaluation and checkpoints
-    ("eval_every", int, 250, "val bpb every N steps (-1 = only at the end)"),
-    ("eval_tokens", int, 20 * 524288, "tokens of the val split per bpb evaluation"),
-    ("core_metric_every", int, 2000, "CORE every N steps and at the end (-1 = never)"),
-    ("core_metric_max_per_task", int, 500, "examples per CORE task during training (-1 = all)"),
+    ("eval_every", positive_int({-1: "only at the end", 0: "never"}), 250,
+     "val bpb every N steps (-1 = only at the end, 0 = never)"),
+    ("eval_tokens", positive_int(), 20 * 524288,
+     "tokens of the val split per bpb evaluation (at most one pass: a smaller split is evaluated whole)"),
+    ("core_metric_every", positive_int(NEVER), 2000, "CORE every N steps and at the end (-1 = never)"),
+    ("core_metric_max_per_task", positive_int({-1: "all"}), 500, "examples per CORE task during training (-1 = all)"),
     ("eval_bundle", str, "", "CORE bundle directory (default: $NANOCHAT_BASE_DIR/eval_bundle, downloaded)"),
     ("core_tasks", str, "all", "CORE tasks: all | available (partial CORE over present files) | a,b,c"),
-    ("sample_every", int, 2000, "print samples every N steps and at the end (-1 = never)"),
-    ("save_every", int, -1, "checkpoint every N steps (-1 = only at the end)"),
+    ("sample_every", positive_int(NEVER), 2000, "print samples every N steps and at the end (-1 = never)"),
+    ("save_every", positive_int({-1: "only at the end"}), -1, "checkpoint every N steps (-1 = only at the end)"),
+    ("keep_checkpoints", nonneg_int({-1: "all"}), 2,
+     "keep the K most recent intermediate checkpoints; the final one and the one `latest` names are "
+     "always kept (0 = only those, -1 = keep all)"),
     ("resume", _bool, False, "continue from the run directory's latest complete checkpoint"),
 ]
 
@@ -103,7 +126,7 @@ FLAG_NAMES = [name for name, *_ in FLAGS]
 # evaluation cadence only, never the trajectory of the weights.
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
-                     "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels"}
+                     "keep_checkpoints", "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels"}
 
 
 def build_parser():
@@ -147,7 +170,11 @@ def parse_args(argv=None):
                 except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
                     raise SystemExit(f"error: {first.config}: bad value for {name}: {e}") from None
         parser.set_defaults(**values)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.warmup_ratio + args.warmdown_ratio > 1:
+        parser.error(f"argument --warmdown-ratio: warmup ({args.warmup_ratio}) and warmdown "
+                     f"({args.warmdown_ratio}) together exceed the run; make their sum at most 1")
+    return args
 
 
 def settings(args):

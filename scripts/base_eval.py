@@ -21,6 +21,7 @@ import os
 import torch
 
 from nanochat import checkpoint
+from nanochat.cli import choice, existing_dir, nonneg_int, positive_int, run
 from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
 from nanochat.loss_eval import evaluate_bpb
@@ -38,13 +39,15 @@ PROMPTS = [
 EVALS = ("core", "bpb", "sample")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Evaluate a base model: CORE, bits per byte, samples")
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m scripts.base_eval",
+                                description="Evaluate a base model: CORE, bits per byte, samples")
     p.add_argument("--model-tag", type=str, default=None, help="run to evaluate: base_dir()/runs/<tag>")
-    p.add_argument("--run-dir", type=str, default=None, help="run directory (instead of --model-tag)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--run-dir", type=existing_dir, default=None, help="run directory (instead of --model-tag)")
+    p.add_argument("--step", type=nonneg_int(), default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--eval", type=str, default="core,bpb,sample", help=f"comma-separated subset of {','.join(EVALS)}")
-    p.add_argument("--max-per-task", type=int, default=-1, help="CORE examples per task (-1 = all)")
+    p.add_argument("--max-per-task", type=positive_int({-1: "all"}), default=-1,
+                   help="CORE examples per task (-1 = all)")
     p.add_argument("--tasks", type=str, default="all",
                    help="CORE tasks: 'all' (every task of core.yaml), 'available' (those whose file is present: "
                         "a partial CORE) or comma-separated labels")
@@ -52,16 +55,22 @@ def parse_args(argv=None):
                    help="CORE bundle directory (default: $NANOCHAT_EVAL_BUNDLE, else base_dir()/eval_bundle, "
                         "downloaded when absent)")
     p.add_argument("--eval-bundle-url", type=str, default=EVAL_BUNDLE_URL, help="where to download the bundle from")
-    p.add_argument("--max-seq-len", type=int, default=None,
+    p.add_argument("--max-seq-len", type=positive_int(), default=None,
                    help="crop CORE prompts from the left to this many tokens (default: the longest input the "
                         "model accepts, which nanochat-sized prompts never reach)")
-    p.add_argument("--data-dir", type=str, default=None,
+    p.add_argument("--data-dir", type=existing_dir, default=None,
                    help="bpb: directory of the parquet shards (default: the run's own data_dir setting)")
-    p.add_argument("--device-batch-size", type=int, default=32, help="bpb: rows per forward pass")
-    p.add_argument("--split-tokens", type=int, default=40 * 524288,
-                   help="bpb: tokens per split (rounded down to whole steps)")
-    p.add_argument("--device-type", type=str, default="", choices=["", "cuda", "cpu", "mps"],
+    p.add_argument("--device-batch-size", type=positive_int(), default=32, help="bpb: rows per forward pass")
+    p.add_argument("--split-tokens", type=positive_int(), default=40 * 524288,
+                   help="bpb: tokens per split (rounded down to whole steps; at most one pass: a smaller "
+                        "split is evaluated whole)")
+    p.add_argument("--device-type", type=choice("", "cuda", "cpu", "mps"), default="",
                    help="cuda|cpu|mps (empty: autodetect)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     args.evals = [e.strip() for e in args.eval.split(",") if e.strip()]
     unknown = [e for e in args.evals if e not in EVALS]
@@ -71,6 +80,9 @@ def parse_args(argv=None):
         if args.model_tag is None:
             p.error("name the run with --model-tag TAG (base_dir()/runs/TAG) or --run-dir DIR")
         args.run_dir = checkpoint.run_dir_for(args.model_tag)
+        if not os.path.isdir(args.run_dir):
+            p.error(f"argument --model-tag: no run directory {args.run_dir}; train it with "
+                    f"`python -m scripts.base_train --model-tag {args.model_tag}`")
     return args
 
 
@@ -112,21 +124,21 @@ def main(argv=None):
             bundle = resolve_eval_bundle(args.eval_bundle, url=args.eval_bundle_url)
             select_tasks(bundle, args.tasks, args.max_per_task)
         except (ValueError, OSError) as e:
-            raise SystemExit(f"base_eval: {e}") from None
+            raise SystemExit(f"error: {e}") from None
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader
     from nanochat.tokenizer import get_token_bytes, get_tokenizer
 
-    try:
-        model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
-    except FileNotFoundError as e:
-        raise SystemExit(f"base_eval: {e}") from None
+    model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
     step = meta.get("step", args.step)
     tokenizer = get_tokenizer()
     if tokenizer.get_vocab_size() != model.config.vocab_size:
-        raise SystemExit(f"base_eval: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was trained "
+        raise SystemExit(f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was trained "
                          f"with {model.config.vocab_size}; point NANOCHAT_BASE_DIR at the run's tokenizer")
+    if args.max_seq_len is not None and args.max_seq_len > model.rotary_len:
+        raise SystemExit(f"error: --max-seq-len {args.max_seq_len} exceeds the {model.rotary_len} tokens the model "
+                         "accepts; lower it or leave it out")
     print0(f"Evaluating {args.run_dir} at step {step} on {device} ({dtype}, world size {info.world_size})")
     results = {"step": step}
 
@@ -150,19 +162,20 @@ def main(argv=None):
         tokens_per_step = B * T * info.world_size
         steps = args.split_tokens // tokens_per_step
         if steps == 0:
-            raise SystemExit(f"base_eval: --split-tokens {args.split_tokens} is less than one step of "
+            raise SystemExit(f"error: --split-tokens {args.split_tokens} is less than one step of "
                              f"{tokens_per_step} tokens (batch {B} x {T} x {info.world_size} ranks); raise it "
                              "or lower --device-batch-size")
         token_bytes = get_token_bytes(device)
         data_dir = args.data_dir or meta.get("settings", {}).get("data_dir") or None
-        results["bpb"] = {}
+        results["bpb"], results["bpb_tokens"] = {}, {}
         for split in ("train", "val"):
-            loader = BestFitLoader(tokenizer, B, T, split, device=device, rank=info.rank, world_size=info.world_size,
-                                   data_dir=data_dir)
-            with autocast:
-                bpb = evaluate_bpb(model, loader, steps, token_bytes)
-            results["bpb"][split] = bpb
-            print0(f"{split} bpb: {bpb:.6f} ({steps * tokens_per_step} tokens)")
+            # One pass at most: a split smaller than --split-tokens is evaluated whole, once.
+            with BestFitLoader(tokenizer, B, T, split, device=device, rank=info.rank, world_size=info.world_size,
+                               data_dir=data_dir, epochs=1) as loader, autocast:
+                result = evaluate_bpb(model, loader, steps, token_bytes)
+            results["bpb"][split], results["bpb_tokens"][split] = result.bpb, result.tokens
+            whole = f", the whole {split} split: it holds less than --split-tokens" if result.exhausted else ""
+            print0(f"{split} bpb: {result.bpb:.6f} ({result.tokens:,} tokens{whole})")
         results["bpb_settings"] = {"device_batch_size": B, "sequence_len": T, "split_tokens": steps * tokens_per_step}
 
     if "core" in args.evals:
@@ -195,4 +208,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

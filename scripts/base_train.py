@@ -16,7 +16,6 @@ import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
-import atexit  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
@@ -29,6 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
+from nanochat.cli import run  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
                              peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model, model_config_from_depth  # noqa: E402
@@ -235,6 +235,10 @@ def main(argv=None):
             resume_meta = ckpt.load_meta(run_dir, step)
             check_resume_settings(resume_meta["settings"], values, resume_meta["world_size"], info.world_size)
             check_resume_groups(resume_meta["settings"], config.hc)
+            if resume_meta["model_config"]["vocab_size"] != vocab_size:
+                raise SystemExit(f"error: the run was trained with a {resume_meta['model_config']['vocab_size']}-token "
+                                 f"tokenizer but the trained tokenizer has {vocab_size}; resume with the run's own "
+                                 f"tokenizer (the NANOCHAT_BASE_DIR it was trained under)")
             start_step = step
     elif master and ckpt.saved_steps(run_dir):
         raise SystemExit(f"error: {run_dir} already holds checkpoints; pass --resume to continue it, "
@@ -304,12 +308,12 @@ def main(argv=None):
         print0(f"resumed from step {start_step} of {run_dir}")
 
     data_dir = args.data_dir or None
-    train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
-                                 world_size=info.world_size, data_dir=data_dir, state=loader_state,
-                                 order_seed=args.data_seed if args.data_seed >= 0 else None)
-    # Stop the prefetch thread on every way out (errors included): a thread still inside the
-    # tokenizer while the interpreter shuts down aborts the process.
-    atexit.register(train_loader.close)
+    try:
+        train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
+                                     world_size=info.world_size, data_dir=data_dir, state=loader_state,
+                                     order_seed=args.data_seed if args.data_seed >= 0 else None)
+    except ValueError as e:  # a saved dataloader state that does not match this run
+        raise SystemExit(f"error: {e}") from None
 
     metrics_path = os.path.join(run_dir, "metrics.jsonl") if master else None
     if master:
@@ -341,22 +345,44 @@ def main(argv=None):
             meta = {"step": step, "model_config": dataclasses.asdict(config), "settings": values,
                     "world_size": info.world_size, "num_iterations": num_iterations,
                     "loop": loop, "ranks": ranks}
-        ckpt.save_rank_files(run_dir, step, info.rank, optimizer.state_dict(),
-                             model_state=orig_model.state_dict() if master else None, meta=meta)
+        try:
+            ckpt.save_rank_files(run_dir, step, info.rank, optimizer.state_dict(),
+                                 model_state=orig_model.state_dict() if master else None, meta=meta)
+            failure = None
+        except OSError as e:  # e.g. no space left: this step's files are gone, the previous ones intact
+            failure = e
+        failed = torch.tensor(float(failure is not None), device=device)
         if info.ddp:
-            dist.barrier()
+            dist.all_reduce(failed)  # also the barrier: every rank has written its files
+        if failed.item():
+            good = ckpt.latest_step(run_dir)
+            raise SystemExit(f"error: the checkpoint of step {step} could not be written "
+                             f"({failure or 'on another rank'}). "
+                             + (f"The last complete checkpoint is step {good} in {run_dir}: free disk space (or "
+                                f"lower --keep-checkpoints) and continue with --resume true." if good is not None
+                                else "No checkpoint was saved yet: free disk space and run again."))
         if master:
             ckpt.mark_latest(run_dir, step)
-            print0(f"saved checkpoint of step {step}")
+            pruned = ckpt.prune(run_dir, args.keep_checkpoints, final_step=num_iterations)
+            print0(f"saved checkpoint of step {step}; run directory {ckpt.human_bytes(ckpt.dir_size(run_dir))}"
+                   + (f" after deleting step(s) {', '.join(map(str, pruned))} (--keep-checkpoints "
+                      f"{args.keep_checkpoints})" if pruned else ""))
+
+    whole_split_noted = []
 
     def evaluate_val_bpb():
         from nanochat.loss_eval import evaluate_bpb
+        # One pass at most: a val split smaller than --eval-tokens is evaluated whole, once.
         with BestFitLoader(tokenizer, args.device_batch_size, T, "val", device=device, rank=info.rank,
-                           world_size=info.world_size, data_dir=data_dir) as val_loader, autocast:
+                           world_size=info.world_size, data_dir=data_dir, epochs=1) as val_loader, autocast:
             model.eval()
-            bpb = evaluate_bpb(model, val_loader, eval_steps, token_bytes)
+            result = evaluate_bpb(model, val_loader, eval_steps, token_bytes)
         model.train()
-        return bpb
+        if result.exhausted and not whole_split_noted:
+            whole_split_noted.append(True)
+            print0(f"val bpb is over the whole val split, {result.tokens:,} tokens: it holds fewer than "
+                   f"--eval-tokens {args.eval_tokens:,}")
+        return result.bpb
 
     def evaluate_core():
         from nanochat.core_eval import evaluate_core as run_core
@@ -511,9 +537,10 @@ def main(argv=None):
         ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
         print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "
                f"peak memory {summary['peak_mem_mib']:.0f} MiB)")
+    train_loader.close()
     log.close()
     compute_cleanup()
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from nanochat import connections
+from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
 from nanochat.common import synchronize, text_table
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
@@ -60,15 +61,16 @@ VARIANTS = ("residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="V",
                    help=f"variants to compare (default: all: {' '.join(VARIANTS)})")
-    p.add_argument("--streams", type=int, default=4, help="n for the hyper-connection variants (default 4)")
-    p.add_argument("--factors", type=int, nargs="*", default=[], help="kromhc factors (default: prime factors of n)")
-    p.add_argument("--sk-iters", type=int, default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
+    p.add_argument("--streams", type=positive_int(), default=4, help="n for the hyper-connection variants (default 4)")
+    p.add_argument("--factors", type=int_at_least(2), nargs="*", default=[],
+                   help="kromhc factors (default: prime factors of n)")
+    p.add_argument("--sk-iters", type=positive_int(), default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
     p.add_argument("--recompute", choices=("off", "on", "both"), default="off",
                    help="hc_recompute for the HC variants; 'both' benches each variant with and without")
     p.add_argument("--hc-kernels", type=kernel_list, default=["torch"], metavar="K[,K]",
@@ -76,30 +78,33 @@ def parse_args(argv=None):
                         "pip install -e '.[kernels]')")
     p.add_argument("--bench", choices=("layer", "model", "both"), default="both")
     p.add_argument("--branch", choices=("linear", "scale"), default="linear", help="the layer benchmark's F")
-    p.add_argument("--batch", type=int, default=4, help="B, sequences per step (default 4)")
-    p.add_argument("--seq-len", type=int, default=256, help="T (default 256)")
-    p.add_argument("--width", type=int, default=0, help="C; default: depth * aspect ratio rounded up to the head dim")
-    p.add_argument("--depth", type=int, default=4, help="model depth (transformer blocks; default 4)")
-    p.add_argument("--aspect-ratio", type=int, default=64, help="width = depth * aspect ratio (default 64, nanochat)")
-    p.add_argument("--head-dim", type=int, default=64, help="attention head dim (default 64; nanochat uses 128)")
-    p.add_argument("--vocab-size", type=int, default=4096, help="model vocabulary (default 4096)")
+    p.add_argument("--batch", type=positive_int(), default=4, help="B, sequences per step (default 4)")
+    p.add_argument("--seq-len", type=positive_int(), default=256, help="T (default 256)")
+    p.add_argument("--width", type=positive_int({0: "from the depth"}), default=0,
+                   help="C (0 = the default: depth * aspect ratio rounded up to the head dim)")
+    p.add_argument("--depth", type=positive_int(), default=4, help="model depth (transformer blocks; default 4)")
+    p.add_argument("--aspect-ratio", type=positive_int(), default=64,
+                   help="width = depth * aspect ratio (default 64, nanochat)")
+    p.add_argument("--head-dim", type=positive_even_int(), default=64,
+                   help="attention head dim, even (default 64; nanochat uses 128)")
+    p.add_argument("--vocab-size", type=positive_int(), default=4096, help="model vocabulary (default 4096)")
     p.add_argument("--window-pattern", default="SSSL")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="compute dtype: auto = bf16 (autocast) on CUDA, fp32 on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile (dynamic=False) the layer / model")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int(), default=1,
                    help="torch.set_num_threads (default 1: steadier CPU timings on a shared machine)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (default 3)")
-    p.add_argument("--reps", type=int, default=10, help="timed steps per variant (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=nonneg_int(), default=3, help="untimed steps per variant (default 3)")
+    p.add_argument("--reps", type=positive_int(), default=10, help="timed steps per variant (default 10)")
+    p.add_argument("--seed", type=nonneg_int(), default=0)
     p.add_argument("--out", default="", help="write the results as JSON to this path")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
-    for name in ("streams", "batch", "seq_len", "depth", "reps", "threads", "vocab_size", "head_dim"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
-    if args.warmup < 0:
-        p.error("--warmup must be >= 0")
     if args.width and args.width % args.head_dim:
         p.error(f"--width {args.width} is not a multiple of --head-dim {args.head_dim}")
     return args
@@ -385,4 +390,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -41,6 +41,7 @@ from contextlib import nullcontext
 import torch
 
 from nanochat import gpt
+from nanochat.cli import positive_int, run
 from nanochat.common import get_peak_flops, text_table
 from scripts import bench
 
@@ -62,16 +63,6 @@ PROFILES = {
 }
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -82,11 +73,11 @@ def build_parser():
                    help=f"what to run (default: all: {' '.join(SECTIONS)})")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="V",
                    help="connection variants (default: all)")
-    p.add_argument("--depths", nargs="+", type=_positive_int, help="model depths (default 12 6; tiny: 1 2)")
-    p.add_argument("--batch", type=_positive_int, help="device batch of the model section (default 32; halved on OOM)")
-    p.add_argument("--reps", type=_positive_int, help="timed repetitions per case (default 5; tiny: 2)")
-    p.add_argument("--train-steps", type=_positive_int, default=20, help="base_train steps per variant (default 20)")
-    p.add_argument("--time-budget", type=_positive_int, default=540,
+    p.add_argument("--depths", nargs="+", type=positive_int(), help="model depths (default 12 6; tiny: 1 2)")
+    p.add_argument("--batch", type=positive_int(), help="device batch of the model section (default 32; halved on OOM)")
+    p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 2)")
+    p.add_argument("--train-steps", type=positive_int(), default=20, help="base_train steps per variant (default 20)")
+    p.add_argument("--time-budget", type=positive_int(), default=540,
                    help="seconds after which no new case starts; what is left is listed as skipped (default 540)")
     return p
 
@@ -478,4 +469,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,6 +20,7 @@ import os
 import torch
 
 from nanochat import paper_results as paper
+from nanochat.cli import choice, existing_dir, int_at_least, nonneg_int, positive_int, run
 from nanochat.common import text_table
 from nanochat.connections.diagnostics import HC_VARIANTS, collect_hc_stats, model_hc_params, hc_layer_params
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
@@ -164,12 +165,14 @@ def resolve_run_dir(path):
     tagged = run_dir_for(path)
     if os.path.isdir(tagged):
         return tagged
-    raise SystemExit(f"--checkpoint {path}: neither a directory nor a model tag under {os.path.dirname(tagged)}")
+    raise SystemExit(f"error: --checkpoint {path}: neither a directory nor a model tag under {os.path.dirname(tagged)}")
 
 
 def checkpoint_tokens(args, model, device):
     """(token ids (B, T), description): a validation batch, or random ids when asked."""
     T = args.seq_len or model.config.sequence_len
+    if T > model.rotary_len:
+        raise SystemExit(f"error: --seq-len {T} exceeds the {model.rotary_len} tokens the model accepts; lower it")
     if args.random_tokens:
         g = torch.Generator().manual_seed(args.seed)
         return torch.randint(0, model.config.vocab_size, (args.batch_size, T), generator=g).to(device), \
@@ -178,11 +181,15 @@ def checkpoint_tokens(args, model, device):
     from nanochat.data.shards import DatasetError
     from nanochat.tokenizer import get_tokenizer
     try:
-        with build_val_loader(get_tokenizer(args.tokenizer_dir), args.batch_size, T, device=device,
-                              data_dir=args.data_dir) as loader:
+        tokenizer = get_tokenizer(args.tokenizer_dir)
+        if tokenizer.get_vocab_size() != model.config.vocab_size:
+            raise SystemExit(f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was "
+                             f"trained with {model.config.vocab_size}; pass the run's --tokenizer-dir "
+                             "(or --random-tokens)")
+        with build_val_loader(tokenizer, args.batch_size, T, device=device, data_dir=args.data_dir) as loader:
             x, _ = next(loader)
     except (DatasetError, FileNotFoundError) as e:
-        raise SystemExit(f"no validation tokens ({e}); pass --random-tokens to run on random ids instead")
+        raise SystemExit(f"error: no validation tokens ({e}); pass --random-tokens to run on random ids instead")
     return x, "the first validation batch"
 
 
@@ -221,24 +228,32 @@ def report_checkpoint(args):
     print(f"\nwrote {path}")
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.hc_report", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--params", action="store_true", help="parameter tables beside the paper's")
     mode.add_argument("--checkpoint", metavar="RUN_DIR", help="run directory (or model tag) to diagnose")
-    parser.add_argument("--depth", type=int, default=None, help="--params: also tabulate this depth")
-    parser.add_argument("--streams", type=int, default=None, help="--params: ... and this n (default 4)")
-    parser.add_argument("--factors", type=int, nargs="+", default=None, help="--params: KromHC factors")
-    parser.add_argument("--width", type=int, default=None, help="--params: model width C (default from depth)")
-    parser.add_argument("--step", type=int, default=None, help="--checkpoint: step (default: latest complete)")
-    parser.add_argument("--batch-size", type=int, default=4, help="--checkpoint: rows of tokens")
-    parser.add_argument("--seq-len", type=int, default=None, help="--checkpoint: tokens per row (default: model's)")
+    parser.add_argument("--depth", type=positive_int(), default=None, help="--params: also tabulate this depth")
+    parser.add_argument("--streams", type=positive_int(), default=None, help="--params: ... and this n (default 4)")
+    parser.add_argument("--factors", type=int_at_least(2), nargs="+", default=None, help="--params: KromHC factors")
+    parser.add_argument("--width", type=positive_int(), default=None,
+                        help="--params: model width C (default from depth)")
+    parser.add_argument("--step", type=nonneg_int(), default=None, help="--checkpoint: step (default: latest complete)")
+    parser.add_argument("--batch-size", type=positive_int(), default=4, help="--checkpoint: rows of tokens")
+    parser.add_argument("--seq-len", type=positive_int(), default=None,
+                        help="--checkpoint: tokens per row (default: model's)")
     parser.add_argument("--random-tokens", action="store_true", help="--checkpoint: random ids instead of val data")
-    parser.add_argument("--seed", type=int, default=0, help="--random-tokens seed")
-    parser.add_argument("--device-type", default="", help="cuda|cpu|mps (default: autodetect)")
-    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
-    parser.add_argument("--tokenizer-dir", default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
-    args = parser.parse_args(argv)
+    parser.add_argument("--seed", type=nonneg_int(), default=0, help="--random-tokens seed")
+    parser.add_argument("--device-type", type=choice("", "cuda", "cpu", "mps"), default="",
+                        help="cuda|cpu|mps (default: autodetect)")
+    parser.add_argument("--data-dir", type=existing_dir, default=None,
+                        help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--tokenizer-dir", type=existing_dir, default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.params:
         print_params(args)
     else:
@@ -246,4 +261,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

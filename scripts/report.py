@@ -13,22 +13,28 @@ import argparse
 from pathlib import Path
 
 from nanochat import report, report_runs
+from nanochat.cli import existing_path, run
 
 
-def parse_args(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
+    # Not checked for existence: a run asked for but absent is reported as not found.
     source.add_argument("--runs", nargs="+", metavar="DIR", help="run directories")
     source.add_argument("--runs-root", metavar="DIR",
                         help="a directory of run directories (default: <base dir>/runs)")
-    parser.add_argument("--configs", nargs="+", metavar="PATH",
+    parser.add_argument("--configs", nargs="+", metavar="PATH", type=existing_path,
                         help="config files or directories: their runs (by model_tag) are reported, and "
                              "marked not found when absent; with --runs-root, only these")
     parser.add_argument("--reference", default="residual",
                         help="run name or variant the loss-gap figures subtract (default: residual)")
     parser.add_argument("--out", default="report", help="output directory (default: report)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def collect_runs(args):
@@ -54,7 +60,7 @@ def collect_runs(args):
         runs += [report_runs.load_run(d) for d in dirs if d.name not in tags]
         return runs
     if not dirs:
-        raise SystemExit(f"no run directories under {root}: train first (speedrun.sh), or pass --runs DIR ...")
+        raise SystemExit(f"error: no run directories under {root}: train first (speedrun.sh), or pass --runs DIR ...")
     return [report_runs.load_run(d) for d in dirs]
 
 
@@ -67,4 +73,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

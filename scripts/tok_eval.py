@@ -9,6 +9,7 @@ import argparse
 
 import tiktoken
 
+from nanochat.cli import existing_dir, positive_int, run
 from nanochat.data.shards import DatasetError, parquets_iter_batched
 from nanochat.tokenizer import get_tokenizer
 
@@ -59,19 +60,24 @@ def reference_encodings():
     return refs
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.tok_eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer-dir", default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
-    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
-    parser.add_argument("--docs", type=int, default=256, help="documents taken from the start of each split")
-    args = parser.parse_args(argv)
+    parser.add_argument("--tokenizer-dir", type=existing_dir, default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
+    parser.add_argument("--data-dir", type=existing_dir, default=None,
+                        help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--docs", type=positive_int(), default=256, help="documents taken from the start of each split")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         tok = get_tokenizer(args.tokenizer_dir)
         texts = {name: [text] for name, text in SAMPLES.items()}
         for split in ("train", "val"):
             texts[f"{split} shards"] = split_documents(split, args.docs, args.data_dir)
     except (DatasetError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"tok_eval: error: {e}")
+        raise SystemExit(f"error: {e}") from None
     refs = reference_encodings()
     encoders = {"ours": tok.encode}
     encoders.update({label: enc.encode_ordinary_batch for label, enc in refs.items()})
@@ -94,4 +100,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

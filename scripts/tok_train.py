@@ -8,6 +8,7 @@ python -m scripts.tok_train [--vocab-size 32768] [--max-chars 2e9] [--doc-cap 10
 import argparse
 import time
 
+from nanochat.cli import existing_dir, int_at_least, positive_int, run
 from nanochat.data.shards import DatasetError, corpus_record, data_dir, list_parquet_files, parquets_iter_batched
 from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer, default_tokenizer_dir
 
@@ -34,24 +35,29 @@ def text_iterator(data_directory, max_chars, doc_cap, counts):
 def check_round_trip(tok):
     ids = tok.encode(ROUND_TRIP_TEXT, prepend="<|bos|>", append="<|output_end|>")
     if tok.decode(ids) != "<|bos|>" + ROUND_TRIP_TEXT + "<|output_end|>":
-        raise SystemExit("tok_train: encode/decode round trip failed")
+        raise SystemExit("error: the trained tokenizer fails the encode/decode round trip")
     if [tok.encode_special(name) for name in SPECIAL_TOKENS] != list(range(tok.get_vocab_size() - len(SPECIAL_TOKENS),
                                                                              tok.get_vocab_size())):
-        raise SystemExit("tok_train: special tokens are not on the last ids")
+        raise SystemExit("error: the trained tokenizer's special tokens are not on the last ids")
     return len(ids)
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.tok_train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size, the 9 special tokens included")
-    parser.add_argument("--max-chars", type=lambda s: int(float(s)), default=2_000_000_000,
-                        help="train on the first this many characters of the train split")
-    parser.add_argument("--doc-cap", type=int, default=10_000, help="characters kept from each document")
-    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--vocab-size", type=int_at_least(256 + len(SPECIAL_TOKENS) + 1), default=32768,
+                        help=f"vocabulary size, the {len(SPECIAL_TOKENS)} special tokens included (more than "
+                             f"256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    parser.add_argument("--max-chars", type=positive_int(), default=2_000_000_000,
+                        help="train on the first this many characters of the train split (2e9 style accepted)")
+    parser.add_argument("--doc-cap", type=positive_int(), default=10_000, help="characters kept from each document")
+    parser.add_argument("--data-dir", type=existing_dir, default=None,
+                        help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
     parser.add_argument("--tokenizer-dir", default=None, help="output (default $NANOCHAT_BASE_DIR/tokenizer)")
-    args = parser.parse_args(argv)
-    if args.max_chars <= 0 or args.doc_cap <= 0:
-        parser.error("--max-chars and --doc-cap must be positive")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     directory = data_dir(args.data_dir)
     out = args.tokenizer_dir or default_tokenizer_dir()
     try:
@@ -65,7 +71,7 @@ def main(argv=None):
         tok = Tokenizer.train_from_iterator(text_iterator(directory, args.max_chars, args.doc_cap, counts),
                                             args.vocab_size)
     except (DatasetError, ValueError) as e:
-        raise SystemExit(f"tok_train: error: {e}")
+        raise SystemExit(f"error: {e}") from None
     train_time = time.time() - t0
     if tok.get_vocab_size() < args.vocab_size:
         print(f"warning: the text ran out of pairs to merge: vocab is {tok.get_vocab_size()}, not {args.vocab_size}; "
@@ -76,7 +82,7 @@ def main(argv=None):
             "requested_vocab_size": args.vocab_size}
     tok.save(out, info=info)
     if Tokenizer.from_directory(out).encode(ROUND_TRIP_TEXT) != tok.encode(ROUND_TRIP_TEXT):
-        raise SystemExit(f"tok_train: the tokenizer saved in {out} does not load back identically")
+        raise SystemExit(f"error: the tokenizer saved in {out} does not load back identically")
 
     lengths = [n for n in tok.token_byte_lengths() if n > 0]
     partial = sum(1 for i in range(len(lengths)) if not _valid_utf8(tok.id_to_bytes(i)))
@@ -98,4 +104,4 @@ def _valid_utf8(b):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -83,7 +83,7 @@ def test_help_runs():
 @pytest.mark.parametrize("argv, message", [
     (["--variants", "mhc_lite", "--streams", "8"], "at most 6 streams"),
     (["--width", "40"], "not a multiple of --head-dim"),
-    (["--reps", "0"], "--reps must be >= 1"),
+    (["--reps", "0"], "argument --reps: expected a positive integer"),
 ])
 def test_bad_input_is_one_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nanochat.dataloader import BestFitLoader, build_val_loader
+from nanochat.data.local import write_corpus
 from nanochat.data.shards import DatasetError, list_parquet_files, parquets_iter_batched, shard_name
 from nanochat.tokenizer import get_tokenizer
 
@@ -189,3 +190,94 @@ def test_small_split_is_not_cycled_to_fill_the_buffer(tok, small_corpus_dir):
         next(loader)
         assert loader.epoch == 1
         assert loader.state_dict()["cursor"][0] == 1  # nothing of epoch 2 was read yet
+
+
+def test_one_pass_reads_every_document_once(tok, small_corpus_dir, capsys):
+    docs = [d for batch in parquets_iter_batched("val", data_dir=small_corpus_dir) for d in batch]
+    with build_val_loader(tok, 3, 64, data_dir=small_corpus_dir, buffer_size=8, epochs=1) as loader:
+        batches = [_numpy(batch) for batch in loader]
+        with pytest.raises(StopIteration):
+            next(loader)
+        stats = dict(loader.stats)
+    assert "starting epoch" not in capsys.readouterr().out
+    assert stats["docs"] == len(docs) and stats["batches"] == len(batches) > 1
+    assert stats["tokens_kept"] + stats["tokens_cropped"] == sum(map(len, tok.encode(docs, prepend="<|bos|>")))
+    # every position is a kept document token, but the padding at the very end (if any)
+    rows = np.concatenate([np.concatenate([x[:, :1], y], axis=1) for x, y in batches]).reshape(-1)
+    assert (rows >= 0).sum() == stats["tokens_kept"]
+    assert (rows[:stats["tokens_kept"]] >= 0).all()
+
+
+def test_the_end_of_a_pass_is_padded_with_ignored_targets(tok, tmp_path):
+    doc = "A short document."
+    write_corpus([doc] * 20, str(tmp_path), {"source": "test"}, rows_per_group=4, val_every=2)  # 10 val docs
+    L = len(tok.encode(doc)) + 1
+    B, T = 4, 63
+    assert 10 * L < B * (T + 1)  # the pass ends inside the first batch
+    with build_val_loader(tok, B, T, data_dir=str(tmp_path), epochs=1) as loader:
+        x, y = next(loader)
+        with pytest.raises(StopIteration):
+            next(loader)
+    x, y = x.reshape(-1).numpy(), y.reshape(-1).numpy()
+    bos = tok.get_bos_token_id()
+    # rows are filled with whole documents where they fit, the first row's remainder with a
+    # cropped one; then the stream ends and every position left is padding
+    first_row = [t for _ in range(64 // L) for t in [bos, *tok.encode(doc)]]
+    first_row += [bos, *tok.encode(doc)][:64 - len(first_row)]
+    assert x[:63].tolist() == first_row[:-1] and y[:63].tolist() == first_row[1:]
+    pad = np.flatnonzero(y < 0)
+    assert len(pad) > 0 and pad[-1] == y.size - 1 and np.array_equal(pad, np.arange(pad[0], y.size))
+    assert (x[pad[0] + 1:] == bos).all() and (x >= 0).all()
+
+
+class SlowTokenizer:
+    """Sleeps in every batch encode, so that the prefetch thread is inside the tokenizer
+    when the loader is closed."""
+
+    def __init__(self, tok, seconds):
+        self.tok, self.seconds = tok, seconds
+        self.inside = __import__("threading").Event()
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, texts, **kwargs):
+        self.inside.set()
+        time.sleep(self.seconds)
+        return self.tok.encode(texts, **kwargs)
+
+
+def test_close_stops_the_thread_while_it_is_inside_the_tokenizer(tok, small_corpus_dir):
+    slow = SlowTokenizer(tok, 0.5)
+    loader = BestFitLoader(slow, 2, 64, "train", data_dir=small_corpus_dir, buffer_size=16, tokenizer_batch_size=4)
+    assert slow.inside.wait(10)
+    t0 = time.time()
+    loader.close()
+    assert not loader._thread.is_alive() and time.time() - t0 < 5
+
+
+LEFT_OPEN = """
+import atexit, sys, threading
+# registered first, so it runs last: after the dataloader's own exit hook
+atexit.register(lambda: print("alive at exit:",
+                              [t.name for t in threading.enumerate() if t.name.startswith("dataloader")]))
+from nanochat.dataloader import BestFitLoader
+from nanochat.tokenizer import get_tokenizer
+sys.path.insert(0, sys.argv[3])
+from test_dataloader import SlowTokenizer
+loader = BestFitLoader(SlowTokenizer(get_tokenizer(sys.argv[2]), 0.3), 2, 64, "train", data_dir=sys.argv[1],
+                       buffer_size=16, tokenizer_batch_size=4)
+next(loader)
+print("leaving without close()")
+"""
+
+
+def test_a_loader_left_open_is_stopped_before_the_interpreter_exits(tokenizer_dir, small_corpus_dir):
+    import subprocess
+    import sys
+    tests = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", LEFT_OPEN, small_corpus_dir, tokenizer_dir, tests],
+                          capture_output=True, text=True, timeout=120, cwd=os.path.dirname(tests),
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(tests)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "alive at exit: []" in proc.stdout, proc.stdout

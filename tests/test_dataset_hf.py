@@ -250,7 +250,7 @@ def test_numeric_flags_reject_bad_values(flag, value, capsys, tmp_path):
         dataset.main([*hf_flags, flag, value, "--data-dir", str(tmp_path)])
     assert err.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(lines) == 1 and flag.lstrip("-") in lines[0] and ("at least" in lines[0] or "whole number" in lines[0])
+    assert len(lines) == 1 and flag.lstrip("-") in lines[0] and "expected" in lines[0]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,5 +1,6 @@
 """Bits per byte against a hand computation with a stub model: special tokens and ignored
-targets count in neither sum, no bytes gives inf, and two gloo ranks add their sums."""
+targets count in neither sum, no bytes gives inf, batches that end early are evaluated
+whole, two gloo ranks add their sums, and a split is read at most once."""
 
 import json
 import math
@@ -66,9 +67,12 @@ def hand_bpb(model, batches):
 
 def test_bpb_matches_a_hand_computation():
     model, batches = StubModel(), make_batches(1, 3)
-    assert evaluate_bpb(model, batches, 3, TOKEN_BYTES) == pytest.approx(hand_bpb(model, batches), rel=1e-6)
+    result = evaluate_bpb(model, batches, 3, TOKEN_BYTES)
+    assert result.bpb == pytest.approx(hand_bpb(model, batches), rel=1e-6)
+    assert result.steps == 3 and result.tokens == 3 * 2 * 9 - 3 * 3 and not result.exhausted
     # only the first `steps` batches count
-    assert evaluate_bpb(model, iter(batches), 2, TOKEN_BYTES) == pytest.approx(hand_bpb(model, batches[:2]), rel=1e-6)
+    assert evaluate_bpb(model, iter(batches), 2, TOKEN_BYTES).bpb == pytest.approx(hand_bpb(model, batches[:2]),
+                                                                                    rel=1e-6)
 
 
 def test_special_and_ignored_targets_count_nowhere():
@@ -81,30 +85,35 @@ def test_special_and_ignored_targets_count_nowhere():
             return torch.where(y < 0, torch.full_like(nats, float("nan")), nats)
 
     batches = make_batches(2, 2)
-    assert evaluate_bpb(Poisoned(), batches, 2, TOKEN_BYTES) == pytest.approx(hand_bpb(StubModel(), batches), rel=1e-6)
+    assert evaluate_bpb(Poisoned(), batches, 2, TOKEN_BYTES).bpb == pytest.approx(hand_bpb(StubModel(), batches), rel=1e-6)
 
 
-def test_no_bytes_is_inf_and_short_batches_are_an_error():
+def test_no_bytes_is_inf_and_short_batches_are_evaluated_whole():
     x = torch.zeros(1, 4, dtype=torch.long)
     y = torch.tensor([[BOS, -1, BOS, -1]])
-    assert evaluate_bpb(StubModel(), [(x, y)], 1, TOKEN_BYTES) == float("inf")
-    with pytest.raises(ValueError, match="ran out after 2 of 3 steps"):
-        evaluate_bpb(StubModel(), make_batches(3, 2), 3, TOKEN_BYTES)
+    assert evaluate_bpb(StubModel(), [(x, y)], 1, TOKEN_BYTES).bpb == float("inf")
+    batches = make_batches(3, 2)
+    result = evaluate_bpb(StubModel(), batches, 1000, TOKEN_BYTES)
+    assert result.exhausted and result.steps == 2 and result.tokens == 2 * (2 * 9 - 3)
+    assert result.bpb == pytest.approx(hand_bpb(StubModel(), batches), rel=1e-6)
 
 
 def _bpb_worker(rank, world, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        bpb = evaluate_bpb(StubModel(), make_batches(10 + rank, 2), 2, TOKEN_BYTES)
-        Path(out_dir, f"bpb{rank}.json").write_text(json.dumps(bpb))
+        # rank 1 runs out after one batch: the sums still meet, and both ranks know
+        result = evaluate_bpb(StubModel(), make_batches(10 + rank, 2 - rank), 2, TOKEN_BYTES)
+        Path(out_dir, f"bpb{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
 def test_ranks_add_their_sums(tmp_path):
     mp.spawn(_bpb_worker, args=(2, str(tmp_path / "rdv"), str(tmp_path)), nprocs=2)
-    expected = hand_bpb(StubModel(), make_batches(10, 2) + make_batches(11, 2))
+    expected = hand_bpb(StubModel(), make_batches(10, 2) + make_batches(11, 1))
     for rank in range(2):
-        assert json.loads((tmp_path / f"bpb{rank}.json").read_text()) == pytest.approx(expected, rel=1e-6)
+        bpb, tokens, steps, exhausted = json.loads((tmp_path / f"bpb{rank}.json").read_text())
+        assert bpb == pytest.approx(expected, rel=1e-6)
+        assert tokens == 3 * (2 * 9 - 3) and steps == 2 - rank and exhausted
     # and each rank alone would have reported something else
     assert hand_bpb(StubModel(), make_batches(10, 2)) != pytest.approx(expected, rel=1e-6)

@@ -160,7 +160,8 @@ def test_tok_train_and_tok_eval_cli(small_corpus_dir, tmp_path, capsys, monkeypa
     assert "vs gpt4" in capsys.readouterr().out
     assert all(r["gpt2"] == r["ours"] == r["gpt4"] for r in results.values())
 
+    (tmp_path / "nothing").mkdir()
     with pytest.raises(SystemExit, match="no shards in"):
         tok_train.main(["--data-dir", str(tmp_path / "nothing"), "--tokenizer-dir", out])
     with pytest.raises(SystemExit, match="no trained tokenizer"):
-        tok_eval.main(["--tokenizer-dir", str(tmp_path / "none"), "--data-dir", small_corpus_dir])
+        tok_eval.main(["--tokenizer-dir", str(tmp_path / "nothing"), "--data-dir", small_corpus_dir])
