@@ -140,31 +140,24 @@ def measured_from_runs(runs_root):
 
 
 def read_gpu_check(path):
-    """Throughputs from scripts.gpu_check's JSON, read defensively. Assumed schema: a list of
-    measurements, either the top-level value or under one of the keys "results", "entries",
-    "measurements" or "runs"; each a dict with the variant ("variant" or "hc"), "depth", the
-    throughput ("tokens_per_s", "tok_per_sec" or "tokens_per_sec") and optionally "n"
-    ("hc_streams") and the number of GPUs it was measured on ("world_size" or "gpus",
-    default 1; the throughput is divided by it). Entries lacking a field are skipped."""
+    """Throughputs from scripts.gpu_check's JSON (one GPU): its "model" section, one entry per
+    (depth, variant) with "label", "variant", "depth", "n" and "tokens_per_s" (a forward +
+    backward step, without the optimizer: a slight overestimate of training throughput). The
+    full-causal reference rows (label != variant) and a --tiny run's CPU toy numbers are not
+    measurements of a paper run and are skipped, as are malformed entries."""
     data = _read_json(Path(path))
-    if isinstance(data, dict):
-        data = next((data[k] for k in ("results", "entries", "measurements", "runs") if isinstance(data.get(k), list)), [])
-    if not isinstance(data, list):
+    if not isinstance(data, dict) or data.get("profile") != "gpu" or not isinstance(data.get("model"), list):
         return []
     out = []
-    for e in data:
-        if not isinstance(e, dict):
+    for e in data["model"]:
+        if not isinstance(e, dict) or e.get("label") != e.get("variant"):
             continue
-        variant = e.get("variant", e.get("hc"))
-        rate = next((e[k] for k in ("tokens_per_s", "tok_per_sec", "tokens_per_sec") if k in e), None)
-        depth = e.get("depth")
+        variant, depth, rate, n = e.get("variant"), e.get("depth"), e.get("tokens_per_s"), e.get("n")
         if not isinstance(variant, str) or not isinstance(depth, int) or not isinstance(rate, (int, float)) \
                 or not rate > 0:
             continue
-        n = 1 if variant == "residual" else e.get("n", e.get("hc_streams")) or DEFAULT_STREAMS
-        gpus = e.get("world_size", e.get("gpus", 1))
-        gpus = gpus if isinstance(gpus, int) and gpus > 0 else 1
-        out.append(Throughput(variant, depth, n, rate / gpus, f"{Path(path).name}"))
+        n = 1 if variant == "residual" else (n if isinstance(n, int) and n > 0 else DEFAULT_STREAMS)
+        out.append(Throughput(variant, depth, n, float(rate), Path(path).name))
     return out
 
 

@@ -72,14 +72,18 @@ def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
     assert plan.progress_line(runs, 3, measured, 4).startswith("run 3 of 6: d6; training left for the mode: at least")
 
     check = tmp_path / "gpu_check.json"
-    check.write_text(json.dumps({"device": "H100", "results": [
-        {"variant": "kromhc", "depth": 6, "tokens_per_s": 6000, "gpus": 2},
-        {"hc": "mhc", "depth": 12, "tok_per_sec": 500},
-        {"variant": "kromhc", "depth": "six", "tokens_per_s": 1},  # malformed: skipped
-        "not an entry"]}))
+    entry = dict(label="kromhc", variant="kromhc", depth=6, n=4, tokens_per_s=3000.0, batch=32, median_ms=1.0)
+    model = [entry,
+             dict(entry, label="mhc", variant="mhc", depth=12, tokens_per_s=500),
+             dict(entry, label="residual (full causal)", variant="residual", tokens_per_s=9e9),  # a reference row
+             dict(entry, depth="six"),  # malformed: skipped
+             "not an entry"]
+    check.write_text(json.dumps({"profile": "gpu", "model": model}))
     from_check = plan.read_gpu_check(check)
     assert [(m.variant, m.depth, m.per_gpu) for m in from_check] == [("kromhc", 6, 3000.0), ("mhc", 12, 500.0)]
     assert plan.seconds_left(runs[2], from_check, 1) == pytest.approx(100 * 1000 / 3000)
+    check.write_text(json.dumps({"profile": "tiny", "model": model}))  # CPU toy sizes: no estimate
+    assert plan.read_gpu_check(check) == []
     check.write_text("[not json")
     assert plan.read_gpu_check(check) == []
 
