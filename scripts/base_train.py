@@ -29,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat.cli import run  # noqa: E402
+from nanochat.connections import liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
                              peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model, model_config_from_depth  # noqa: E402
@@ -218,6 +219,9 @@ def main(argv=None):
     if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
         raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
                          f"{device.type}); use --attention auto or sdpa")
+    if config.hc_kernels == "liger" and not liger.runs_on(device.type):
+        raise SystemExit(f"error: --hc-kernels liger runs Triton kernels on CUDA only, not on {device.type}; "
+                         f"use --hc-kernels torch or auto")
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
     values = settings(args)

@@ -185,6 +185,26 @@ def test_checkpoint_config_round_trips_and_old_ones_load_as_torch():
     assert model_from_state(saved, model.state_dict(), "cpu").connections.layers[0].kernels == "torch"
 
 
+@pytest.mark.parametrize("missing", ["interpreter", "install"])
+def test_liger_checkpoint_evaluates_where_liger_cannot_run(monkeypatch, missing):
+    """A model trained with the kernels loads on a CPU (no interpreter) or without the extra
+    with `auto`, which picks the torch ops there, and computes the same logits."""
+    cfg = GPTConfig(sequence_len=8, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32, hc="kromhc",
+                    hc_kernels="liger")
+    model = build_model(cfg, "cpu")
+    for j, layer in enumerate(model.connections.layers):
+        randomize(layer, seed=j)
+    idx = torch.randint(0, 64, (2, 8))
+    expected = model(idx)
+    if missing == "interpreter":
+        monkeypatch.delenv("TRITON_INTERPRET")
+    else:
+        monkeypatch.setattr(liger, "AVAILABLE", False)
+    loaded = model_from_state(dataclasses.asdict(cfg), model.state_dict(), "cpu")
+    assert loaded.config.hc_kernels == "auto"
+    assert torch.allclose(loaded(idx), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_bench_compares_backends(tmp_path):
     """scripts/bench --hc-kernels torch,liger: one row per backend and variant (residual once),
     with each liger row's time over its torch row, and saved bytes for both."""

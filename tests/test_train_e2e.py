@@ -36,6 +36,7 @@ def env_for(base):
     env = dict(os.environ, NANOCHAT_BASE_DIR=base, OMP_NUM_THREADS="1", WANDB_MODE="disabled",
                NANOCHAT_DTYPE="float32", PYTHONPATH=REPO)
     env.pop("RANK", None)
+    env.pop("TRITON_INTERPRET", None)  # set for the in-process kernel tests (conftest); a user's run lacks it
     return env
 
 
@@ -212,6 +213,7 @@ def test_non_finite_parameters_are_never_saved(base):
     (["--embedding-lr", "inf"], "argument --embedding-lr: expected a number >= 0"),
     (["--attention", "fa3"], "argument --attention"),
     (["--attention", "flex"], "trains on CUDA only"),
+    (["--hc", "kromhc", "--hc-kernels", "liger"], "runs Triton kernels on CUDA only"),
 ])
 def test_bad_flags_give_one_clear_error(base, flags, message):
     proc = train(base, "--num-iterations", "1", *flags, check=False)

@@ -58,8 +58,14 @@ def serves(X):
     return AVAILABLE and X.is_cuda and not n & (n - 1)
 
 
+def runs_on(device_type):
+    """Whether the kernels can run on tensors of this device type: CUDA, or anything under
+    Triton's interpreter (TRITON_INTERPRET=1, the tests)."""
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def check_device(X):
-    if not X.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if not runs_on(X.device.type):
         raise RuntimeError(f"hc_kernels='liger' runs Triton kernels on CUDA tensors, got {X.device.type} ones: use "
                            f"hc_kernels='torch' or 'auto' on this device (TRITON_INTERPRET=1 runs them on CPU, slowly)")
 
