@@ -17,6 +17,11 @@ run still leaves what it measured):
   train      a 20-step scripts.base_train run (uncompiled model) of every variant on a
              generated corpus (shards and tokenizer written locally), ending with val bpb,
              samples through the KV cache and connection diagnostics
+  kernels    --hc-kernels torch vs liger (Liger-Kernel's fused stream kernels; needs the
+             kernels extra): one connection layer of every HC variant at C = 768, T = 2048,
+             B = 32, and the whole model (residual, mHC, KromHC) at the first depth, with
+             x torch, saved bytes and peak memory. Last, so the time budget may leave it for
+             a second call (--sections kernels)
 Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized for
 10 minutes on one H100, most of it compilation (14 compiled models): D12 runs before D6,
 and no new case starts after --time-budget seconds (default 540); what is left is listed
@@ -45,7 +50,7 @@ from nanochat.cli import positive_int, run
 from nanochat.common import get_peak_flops, text_table
 from scripts import bench
 
-SECTIONS = ("env", "attention", "model", "grads", "train")
+SECTIONS = ("env", "attention", "model", "grads", "train", "kernels")
 VARIANTS = bench.VARIANTS
 FULL_CAUSAL = "residual (full causal)"
 
@@ -54,12 +59,14 @@ PROFILES = {
     "gpu": dict(depths=[12, 6], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
                 attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
                 train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
-                       "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000),
+                       "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000,
+                kernel_layer=dict(batch=32, seq_len=2048, width=768)),
     "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
                  attn=dict(B=1, H=2, T=256, D=16), layer=dict(batch=2, seq_len=16, width=32),
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
-                        "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600),
+                        "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600,
+                 kernel_layer=dict(batch=2, seq_len=16, width=32)),
 }
 
 
@@ -275,6 +282,35 @@ _WORDS = "the a small large red blue quick slow river stone garden window music 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
 
 
+def kernels_section(prof, variants, device, dtype, autocast, compile_model, budget):
+    """--hc-kernels torch vs liger, timed interleaved by scripts.bench: one connection layer of
+    every HC variant at the size of the fused-kernel target (C=768, T=2048, B=32 on a GPU), and
+    the whole model (residual, mhc, kromhc) at the first depth, each with `x torch`, saved
+    bytes and peak memory. Needs the kernels extra and CUDA (or Triton's interpreter)."""
+    from nanochat.connections import liger
+    if not (liger.AVAILABLE and liger.runs_on(device.type)):
+        why = "not installed (pip install -e '.[kernels]')" if not liger.AVAILABLE else f"no CUDA ({device.type})"
+        return {"available": False, "reason": f"Liger-Kernel {why}", "rows": []}
+    hc_variants = [v for v in variants if v != "residual"]
+    layer = prof["kernel_layer"]
+    common = ["--hc-kernels", "torch,liger", "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]),
+              "--head-dim", str(prof["head_dim"]), "--streams", "4"] + (["--compile"] if compile_model else [])
+    runs = [("layer", ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
+                       "--batch", str(layer["batch"]), "--variants", *hc_variants]),
+            ("model", ["--bench", "model", "--depth", str(prof["depths"][0]), "--aspect-ratio", str(prof["aspect"]),
+                       "--seq-len", str(prof["seq_len"]), "--batch", str(max(1, prof["batch"] // 2)),
+                       "--vocab-size", str(prof["vocab"]),
+                       "--variants", *[v for v in ("residual", "mhc", "kromhc") if v in variants]])]
+    rows = []
+    for name, argv in runs:
+        if not budget.allows(f"kernels {name}"):
+            continue
+        torch._dynamo.reset()
+        rows += bench.run_bench(bench.parse_args(argv + common), name, device, dtype, autocast)
+        _free_memory(device)
+    return {"available": True, "layer": dict(layer), "rows": rows}
+
+
 def generated_documents(count, seed=0):
     rng = random.Random(seed)
     # A few thousand pseudo-words give the tokenizer something to merge beyond digits.
@@ -397,6 +433,20 @@ def markdown(result):
                   md_table(["variant", "compile backend", "max rel. gap", "worst tensor"],
                            [[r["variant"], r["backend"], f"{r['max_rel_gap']:.2e}", r["worst"]]
                             for r in result["grads"]])]
+    kernels = result.get("kernels")
+    if kernels and not kernels["available"]:
+        lines += ["", "## Stream kernels: torch vs liger", "", f"Not measured: {kernels['reason']}."]
+    elif kernels:
+        layer = kernels["layer"]
+        lines += ["", "## Stream kernels: torch vs liger (--hc-kernels)", "",
+                  md_table(["bench", "variant", "kernels", "median ms", "spread", "x torch", "x mhc", "saved MiB",
+                            "peak MiB"],
+                           [[r["bench"], r["variant"], r["kernels"], f"{r['median_ms']:.3f}", f"{r['spread_pct']:.1f}%",
+                             _f(r.get("time_vs_torch"), ".3f"), _f(r.get("time_vs_mhc"), ".3f"),
+                             f"{r['saved_bytes'] / 2**20:,.1f}", _f(r.get("peak_step_mib"), ",.0f")]
+                            for r in kernels["rows"]]),
+                  "", f"layer: one connection layer, B={layer['batch']} T={layer['seq_len']} C={layer['width']}, "
+                  "forward + backward; model: the whole model at the first depth, half the model section's batch."]
     if result.get("train"):
         lines += ["", "## base_train on a generated corpus", "",
                   md_table(["variant", "steps", "ok", "loss first -> last", "val bpb", "tok/s", "step s", "wall s"],
@@ -447,6 +497,7 @@ def main(argv=None):
         "grads": lambda: grads_section(prof, args.variants, device, dtype, autocast,
                                        "inductor" if compile_model else "eager", budget),
         "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
+        "kernels": lambda: kernels_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
     }
     for name in SECTIONS[1:]:
         if name not in args.sections:

@@ -48,7 +48,22 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
         assert r["ok"], r.get("error")
         assert r["steps"] == 20 and r["last_loss"] < r["first_loss"] and r["val_bpb"] > 0
 
+    # torch vs liger (the tests run Triton's interpreter, so Liger's kernels run on the CPU)
+    kernels = result["kernels"]
+    assert kernels["available"]
+    hc = [v for v in bench.VARIANTS if v != "residual"]
+    layer = [(r["variant"], r["kernels"]) for r in kernels["rows"] if r["bench"] == "layer"]
+    assert layer == [(v, k) for v in hc for k in ("torch", "liger")]
+    model = [(r["variant"], r["kernels"]) for r in kernels["rows"] if r["bench"] == "model"]
+    assert model == [("residual", "torch"), ("mhc", "torch"), ("mhc", "liger"), ("kromhc", "torch"), ("kromhc", "liger")]
+    for r in kernels["rows"]:
+        torch_row = next(t for t in kernels["rows"] if (t["bench"], t["variant"], t["kernels"])
+                         == (r["bench"], r["variant"], "torch"))
+        assert r["time_vs_torch"] == pytest.approx(r["median_ms"] / torch_row["median_ms"])
+        assert r["saved_bytes"] > 0
+
     assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
+    assert "## Stream kernels: torch vs liger" in md
     assert "wrote" in capsys.readouterr().out
 
 
@@ -83,3 +98,13 @@ def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
     assert result["train"] == [] and result["errors"] == []
     assert "model D2 residual" in result["skipped"] and "train kromhc" in result["skipped"]
     assert "Skipped (time budget" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_kernels_section_says_why_it_cannot_measure(tmp_path, monkeypatch):
+    from nanochat.connections import liger
+    monkeypatch.setattr(liger, "AVAILABLE", False)
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["kernels"] == {"available": False, "reason": "Liger-Kernel not installed (pip install -e '.[kernels]')",
+                                 "rows": []}
+    assert "Not measured: Liger-Kernel not installed" in (tmp_path / "gpu_check.md").read_text()
