@@ -432,7 +432,9 @@ class GPT(nn.Module):
         x = norm(self.connections(x0, branches))
         if kv_cache is not None:
             kv_cache.pos += T
-        logits = self.lm_head(x)[..., :self.config.vocab_size].float()
+        logits = self.lm_head(x)[..., :self.config.vocab_size]
+        # The softcap and the loss in fp32 at least (nanochat's .float()), fp64 in an fp64 model.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         logits = 15 * torch.tanh(logits / 15)
         if targets is None:
             return logits

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from nanochat.connections.diagnostics import record_reads
-from nanochat.connections.ops import RMS_EPS, no_autocast
+from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size
@@ -61,8 +61,9 @@ def default_block_size(n_modules):
 
 
 def source(v):
-    """(v, 1/rms(v)) for a state v (B, T, C): the rms over C in fp32, without an fp32 copy of v."""
-    ms = torch.linalg.vector_norm(v, dim=-1, keepdim=True, dtype=torch.float32).square() / v.shape[-1]
+    """(v, 1/rms(v)) for a state v (B, T, C): the rms over C in fp32 (fp64 for an fp64 v),
+    without an fp32 copy of v."""
+    ms = torch.linalg.vector_norm(v, dim=-1, keepdim=True, dtype=coefficient_dtype(v)).square() / v.shape[-1]
     return v, torch.rsqrt(ms + RMS_EPS)
 
 

@@ -80,7 +80,8 @@ class FracLayer(ConnectionLayer):
         """(beta (B,T,m), Y (B,T,m,m), A (B,T,m,m)) in fp32, in the paper's orientation: row i
         of Y and A, and beta_i, come from fraction i."""
         with no_autocast(X):
-            z = torch.tanh(F.rms_norm(X.float(), (self.d,), self.norm_weight) @ self.weight)
+            # In the weights' dtype: fp32 under autocast, fp64 in an fp64 model (the gradient checks).
+            z = torch.tanh(F.rms_norm(X.to(self.weight.dtype), (self.d,), self.norm_weight) @ self.weight)
             s_beta, s_alpha = self.scale.unbind()
             beta = torch.addcmul(self.static[:, 0], z[..., 0], s_beta)
             mix = torch.addcmul(self.static[:, 1:], z[..., 1:], s_alpha)

@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanochat.connections.diagnostics import record_layer
-from nanochat.connections.ops import RMS_EPS, mix_post, mix_pre, no_autocast, rms_project
+from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project
 from nanochat.connections.trunk import ConnectionLayer
 
 DEFAULT_STREAMS = 4
@@ -144,7 +144,7 @@ class HyperConnection(ConnectionLayer):
 
     def first_read(self, X):
         """The pre-weights of the first layer under delayed pre: stream 0 alone."""
-        e0 = torch.zeros(self.n, device=X.device, dtype=torch.float32)
+        e0 = torch.zeros(self.n, device=X.device, dtype=coefficient_dtype(X))
         e0[0] = 1.0
         return e0.expand(*X.shape[:-2], self.n)
 

@@ -54,6 +54,12 @@ def no_autocast(t):
     return torch.autocast(t.device.type, enabled=False)
 
 
+def coefficient_dtype(X):
+    """The dtype connection coefficients are computed in for a state X: fp32 for bf16, fp16
+    and fp32 states, fp64 for an fp64 one (the gradient checks), never narrower than X."""
+    return torch.promote_types(X.dtype, torch.float32)
+
+
 class Project(torch.autograd.Function):
     """(x (..., D), w (D, k) fp32) -> (x @ w, mean(x^2) (..., 1)), both fp32."""
 

@@ -50,7 +50,10 @@ class ResidualLayer(ConnectionLayer):
             record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
         if self.l_resid is not None:
-            x = self.l_resid * x + self.l_x0 * x0
+            # 0-dim scalars, as nanochat's resid_lambdas[i]: a 0-dim fp32 tensor times a bf16
+            # stream stays bf16 under autocast, where a shape-(1,) one would promote the whole
+            # stream to fp32 from the first block on.
+            x = self.l_resid[0] * x + self.l_x0[0] * x0
         return (x + branch(x)).unsqueeze(-2), carry
 
     def coefficients(self, X):
