@@ -15,7 +15,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+# The torch the project is pinned to and tested with; TORCH_VERSION=X.Y.Z installs another one
+# (the declared floor in pyproject.toml is tested too: scripts/test.sh, README "Tests").
+PINNED_TORCH=2.13.0
+TORCH_VERSION="${TORCH_VERSION:-$PINNED_TORCH}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
@@ -52,16 +55,25 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
         # A CPU wheel already on this machine (pip's find-links) first, its dependencies
         # then from the index; otherwise PyTorch's CPU-only index, never PyPI's default
         # (CUDA) build.
+        # then from the index; otherwise PyTorch's CPU-only index; where that cannot be reached
+        # either, PyPI's build, whose CUDA libraries (several GB) load and run on a CPU too.
         if "${pip[@]}" install --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null; then
             "${pip[@]}" install -c constraints.txt "torch==$TORCH_VERSION"
-        else
-            "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+        elif ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null; then
+            echo "setup_env: PyTorch's CPU index unreachable; installing torch==$TORCH_VERSION from PyPI (the CUDA build)"
+            "${pip[@]}" install "torch==$TORCH_VERSION"
         fi
     fi
 fi
 
 # Every other dependency at the version the test suite was run with. torch is already
 # in place and satisfies every floor (liger-kernel asks for torch>=2.1.2), so pip keeps it.
-"${pip[@]}" install -c constraints.txt -e ".[$NANOCHAT_EXTRAS]"
+# Another torch than the pinned one requires its own triton: the pin on triton is dropped.
+constraints=constraints.txt
+if [ "$TORCH_VERSION" != "$PINNED_TORCH" ]; then
+    constraints="$VENV/constraints-torch$TORCH_VERSION.txt"
+    grep -v '^triton==' constraints.txt > "$constraints"
+fi
+"${pip[@]}" install -c "$constraints" -e ".[$NANOCHAT_EXTRAS]"
 printf '%s\n%s\n' "$state" "$NANOCHAT_EXTRAS" > "$stamp"
 echo "setup_env: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -22,20 +22,52 @@ SIGNALLED=         # a signal came while waiting for it
 # runs in (run_step starts it in a subshell), so that a signal run_step passes on reaches it.
 launch() {
     if [ "$NPROC" -gt 1 ]; then
-        # torchrun passes SIGTERM (and, asked to, SIGUSR1) on to its workers, then gives them
-        # --shutdown-timeout seconds to save before it kills them (its default is 30). The `--`
-        # keeps its parser off the module's flags (`--run` would abbreviate its --run-path).
-        exec torchrun --standalone --nproc_per_node="$NPROC" --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
-            --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" "$1" "$2" -- "${@:3}"
+        # No flags that only some torch versions know: torchrun 2.9 rejects --signals-to-handle,
+        # 2.11 --shutdown-timeout. pass_on signals the workers themselves, so torchrun's own
+        # forwarding and grace period do not matter for a signal that comes through this script.
+        # For one sent to torchrun directly (a process-group kill), the same settings through
+        # the environment, which the versions that know them read and the others ignore:
+        # forward SIGUSR1 too (PET_ stands for a torchrun flag) and give the workers
+        # SHUTDOWN_TIMEOUT seconds to save (torchrun's default is 30). The `--` keeps torchrun's
+        # parser off the module's flags (`--run` would abbreviate its --run-path).
+        PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${SHUTDOWN_TIMEOUT:-300}" \
+            exec torchrun --standalone --nproc_per_node="$NPROC" "$1" "$2" -- "${@:3}"
     else
         exec python "$@"
     fi
 }
 
-# pass_on SIGNAL: remember the preemption and pass the signal on to the step in flight.
+# children_of PID: the pids of the processes PID started (torchrun's workers), read from each
+# process's /proc/<pid>/stat (its 4th field, after the command name in parentheses), which
+# every Linux kernel has; neither procps nor /proc/<pid>/task/*/children is always there.
+children_of() {
+    local parent=$1 stat line fields
+    for stat in /proc/[0-9]*/stat; do
+        { read -r line < "$stat"; } 2>/dev/null || continue  # gone since the glob
+        read -r -a fields <<< "${line##*) }"                  # state, ppid, ...
+        [ "${fields[1]}" = "$parent" ] && echo "${stat//[^0-9]/}"
+    done
+    return 0
+}
+
+# pass_on SIGNAL: remember the preemption and pass the signal on to the step in flight. Under
+# torchrun it goes to the workers, which finish the step, save and exit 75 together (their
+# checkpoint ends in an all-reduce); torchrun then stops on its own. Before the workers exist
+# torchrun gets SIGTERM, which every version handles, and there is nothing to save yet.
 pass_on() {
     PREEMPTED=$1 SIGNALLED=1
-    [ -z "$STEP_PID" ] || kill -s "$1" "$STEP_PID" 2>/dev/null || true
+    [ -n "$STEP_PID" ] || return 0
+    local workers=""
+    [ "$NPROC" -gt 1 ] && workers=$(children_of "$STEP_PID")
+    if [ -n "$workers" ]; then
+        # shellcheck disable=SC2086  # one pid per word
+        kill -s "$1" $workers 2>/dev/null || true
+    elif [ "$NPROC" -gt 1 ]; then
+        kill -s TERM "$STEP_PID" 2>/dev/null || true
+    else
+        kill -s "$1" "$STEP_PID" 2>/dev/null || true
+    fi
 }
 
 # run_step STAGE RUN_DIR LOG COMMAND...: run COMMAND with its output shown and kept in LOG;

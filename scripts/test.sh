@@ -3,6 +3,9 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/test_gpt.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# On another torch (TORCH_VERSION=2.9.1 bash scripts/test.sh): a venv of its own beside .venv.
+[ -z "${TORCH_VERSION:-}" ] || export VENV="${VENV:-.venv-torch$TORCH_VERSION}"
+export VENV="${VENV:-.venv}"
 # With the kernels extra: the Liger/Triton tests run (on CPU, in Triton's interpreter), not skip.
 # With the eval extra: the export and lm-eval tests run (transformers, lm-eval), not skip.
 NANOCHAT_EXTRAS=dev,kernels,eval bash scripts/setup_env.sh
@@ -13,4 +16,5 @@ export CUDA_VISIBLE_DEVICES="" NANOCHAT_DTYPE=float32 WANDB_MODE=disabled OMP_NU
 # Two pytest-xdist workers, a test file each at a time (module fixtures stay in one worker):
 # many tests mostly wait on the processes they start, so two workers on 2 cores cut the wall
 # time by about 40 % (measured: 8m24s -> 5m06s). NANOCHAT_TEST_WORKERS=0 runs in one process.
-exec .venv/bin/python -m pytest -n "${NANOCHAT_TEST_WORKERS:-2}" --dist loadfile "$@"
+echo "test: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+exec "$VENV/bin/python" -m pytest -n "${NANOCHAT_TEST_WORKERS:-2}" --dist loadfile "$@"
