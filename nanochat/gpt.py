@@ -330,9 +330,14 @@ class GPT(nn.Module):
         if self.transformer.wte.weight.device.type == "cuda":
             # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
             # AdamW state follows); the lookups feed bf16 compute anyway.
-            self.transformer.wte.to(dtype=torch.bfloat16)
-            for ve in self.value_embeds.values():
-                ve.to(dtype=torch.bfloat16)
+            self.cast_embeddings(torch.bfloat16)
+
+    def cast_embeddings(self, dtype):
+        """The token and value embedding tables in `dtype` (bf16 on CUDA, as nanochat; the CPU
+        benchmarks' bf16 runs do the same, so that their activations have CUDA's dtypes)."""
+        self.transformer.wte.to(dtype=dtype)
+        for ve in self.value_embeds.values():
+            ve.to(dtype=dtype)
 
     # ----- parameter accounting and optimizer groups -----
 

@@ -216,6 +216,8 @@ def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch
     cfg = make_config(args, variant, recompute, n_layer=args.depth, kernels=kernels, pre=pre)
     torch.manual_seed(args.seed)
     model = build_model(cfg, device)
+    if dtype == torch.bfloat16:
+        model.cast_embeddings(dtype)  # as build_model does on CUDA: bf16 x0, as in training there
     g = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)
     targets = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)

@@ -51,9 +51,7 @@ def state_dtypes(model, idx):
 
 def bf16_embeddings(model):
     """As build_model does on CUDA: the embedding tables in bf16."""
-    model.transformer.wte.to(dtype=torch.bfloat16)
-    for ve in model.value_embeds.values():
-        ve.to(dtype=torch.bfloat16)
+    model.cast_embeddings(torch.bfloat16)
     return model
 
 
