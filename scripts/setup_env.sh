@@ -53,10 +53,8 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
     else
         echo "setup_env: no GPU, installing CPU torch==$TORCH_VERSION"
         # A CPU wheel already on this machine (pip's find-links) first, its dependencies
-        # then from the index; otherwise PyTorch's CPU-only index, never PyPI's default
-        # (CUDA) build.
-        # then from the index; otherwise PyTorch's CPU-only index; where that cannot be reached
-        # either, PyPI's build, whose CUDA libraries (several GB) load and run on a CPU too.
+        # then from the index; otherwise PyTorch's CPU-only index; only where that cannot be
+        # reached, PyPI's default build, whose CUDA libraries (several GB) run on a CPU too.
         if "${pip[@]}" install --no-index --no-deps "torch==$TORCH_VERSION" 2>/dev/null; then
             "${pip[@]}" install -c constraints.txt "torch==$TORCH_VERSION"
         elif ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null; then
