@@ -157,11 +157,11 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
     if not baseline:
         messages.append("error: no finished baseline run: train the baseline ladder first, or name its runs with "
                         "--baseline TAG,TAG,... (or --baseline-label LABEL)")
-        return _finish(study, [])
+        return _finish(study, {})
     if not any(variants.values()):
         messages.append("error: no finished variant run to compare with the baseline: name some with "
                         "--variant NAME=TAG,TAG,...")
-        return _finish(study, [])
+        return _finish(study, {})
     check_comparable(baseline + [s for m in variants.values() for s in m], messages)
     if study.errors:
         return _finish(study, {})

@@ -20,9 +20,12 @@ MEANINGS = [
     "- **wall-clock CM**: the same in seconds of training steps (evaluations excluded); computed only when every "
     "run was timed on the same device name and count.",
     "- **nanochat CM (per tag)**: nanochat PR #800's reading, without its rounding: the baseline's val curve at "
-    "the same depth in log-log segments, first crossing, `?` where the boundary segment is extended. On "
-    "warmup-stable-decay schedules it reads a better variant through the last warmdown segment and is biased "
-    "toward 1; it is here to set beside nanochat's numbers, not to decide.",
+    "the same depth in log-log segments, first crossing, `?` where the boundary segment is extended. It reads "
+    "one run's trajectory, not finished runs: a better variant is always read off the baseline's last eval "
+    "segment extended (its slope set by where the last evaluations fall in the warmdown), a worse one off "
+    "mid-run points that lack the warmdown. On curves with a known 1.2x (LR-annealing loss model, "
+    "tests/test_compute_multiplier.py) it read 1.16-1.38 where the ladder-final CM read within 1.5 %; it is "
+    "here to set beside nanochat's numbers, not to decide.",
     "- Intervals: 95 %, the t-interval over seeds of ln CM; with one seed, a stated estimate (the delta method, "
     "σ(ln CM) ≈ σ_bpb / |dL/d ln C|). 'Exceeds the noise' is decided with Holm-Bonferroni over the variants "
     "compared (and, per depth, over every variant and depth).",
