@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-from nanochat.cli import run
+from nanochat.cli import positive_int, run
 from nanochat.common import text_table
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.cm_section import MEANINGS, markdown, write_figures
@@ -60,7 +60,8 @@ def build_parser():
                         help="connection label of the baseline when runs are picked by label (default: residual)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--out", metavar="DIR", help="where compare.md and the figures go (default: the runs root)")
-    parser.add_argument("--resamples", type=int, default=400, help="bootstrap resamples for ladder intervals")
+    parser.add_argument("--resamples", type=positive_int(), default=400,
+                        help="bootstrap resamples for the ladder-level interval (default: 400)")
     return parser
 
 

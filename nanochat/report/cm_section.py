@@ -10,6 +10,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from nanochat.report.cm import compare, pool, select_groups
+from nanochat.report.figures import add_legend
 from nanochat.report.format import MISSING, md_table
 
 MEANINGS = [
@@ -119,7 +120,7 @@ def plot_finals(study, path):
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("final val bpb")
     ax.set_title("Final bpb against compute")
-    ax.legend(fontsize=7)
+    add_legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return Path(path)
@@ -152,18 +153,20 @@ def plot_cm(study, path):
     ax.set_xlabel("variant training FLOPs")
     ax.set_ylabel("compute multiplier")
     ax.set_title("Compute multiplier against compute")
-    ax.legend(fontsize=7)
+    add_legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return Path(path)
 
 
 def write_figures(study, out_dir, prefix="cm"):
-    """The two figures into out_dir; [] when there is nothing to draw."""
-    if not study.result.get("variants"):
-        return []
+    """The two figures into out_dir, each when it has something to draw."""
+    rows = [row for v in study.result.get("variants", {}).values() for row in v["per_depth"]]
     out = Path(out_dir)
-    return [plot_finals(study, out / f"{prefix}_finals.png"), plot_cm(study, out / f"{prefix}_vs_compute.png")]
+    figures = [plot_finals(study, out / f"{prefix}_finals.png")] if rows else []
+    if any(row["cm"] is not None or row["nanochat_cm"] is not None for row in rows):
+        figures.append(plot_cm(study, out / f"{prefix}_vs_compute.png"))
+    return figures
 
 
 def isoflop_subsection(runs, out_dir):
