@@ -77,7 +77,8 @@ def print_study(study):
             cell = lambda x, flag=False: "-" if x is None else f"{x:.4f}" + ("?" if flag else "")
             ci = row["cm_ci"]
             rows.append([row["depth"], row["seeds"], f"{row['bpb']:.4f}", f"{row['flops']:.3g}",
-                         cell(row["cm"], row["extrapolated"]), "-" if not ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
+                         "below floor" if row.get("below_floor") else cell(row["cm"], row["extrapolated"]),
+                         "-" if not ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
                          cell(row["wall_cm"], row["extrapolated"]),
                          cell(row["nanochat_cm"], row["nanochat_extrapolated"])])
         print(f"\n{name}")

@@ -162,6 +162,19 @@ def test_old_runs_compare_and_say_what_was_rebuilt(tmp_path, capsys):
     assert "Reconstructed" in (tmp_path / "out" / "compare.md").read_text()
 
 
+def test_an_anchor_below_the_baseline_floor(tmp_path, capsys):
+    """A variant final below the fitted floor a: no baseline compute reaches it; said, not inf."""
+    ladder(tmp_path, seeds=1)
+    step_flops, curve = ladder_run(10, 1.2)
+    write_run(tmp_path, "d10_kromhc", 10, curve, step_flops, hc="kromhc", shift=-0.4)
+    result = run_compare(tmp_path)
+    row = result["variants"]["kromhc"]["per_depth"][-1]
+    assert row["depth"] == 10 and row["bpb"] < result["baseline"]["fit"]["a"]
+    assert row["below_floor"] and row["cm"] is None and row["extrapolated"]
+    assert "below floor" in capsys.readouterr().out
+    assert "below the fit's floor" in (tmp_path / "out" / "compare.md").read_text()
+
+
 # ------------------------------------------------------------------------------------------
 # Bad input: one line each
 

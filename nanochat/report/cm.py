@@ -211,6 +211,8 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
         if law is not None:
             readings = [cm.ladder_cm(law, base_finals, s.flops, s.bpb) for s in members]
             row["cm"] = _geomean(r.cm for r in readings)
+            # an anchor at or below the fit's floor a: no baseline compute reaches it (JSON has no inf)
+            row["below_floor"] = any(math.isinf(r.cm) for r in readings)
             row["extrapolated"] = not (min(base_finals) <= row["bpb"] <= max(base_finals))
             iv = cm.t_interval([r.cm for r in readings])
             if iv is None and row["cm"] is not None:

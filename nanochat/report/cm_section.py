@@ -36,11 +36,7 @@ MEANINGS = [
 
 
 def _cm(value, flag=False, spec=".3f"):
-    if value is None:
-        return MISSING
-    if math.isinf(value):
-        return "∞ (below the fit's floor)"
-    return format(value, spec) + ("?" if flag else "")
+    return MISSING if value is None else format(value, spec) + ("?" if flag else "")
 
 
 def _ci(interval):
@@ -68,7 +64,8 @@ def markdown(study, figures=()):
         for row in v["per_depth"]:
             rows.append([row["depth"], row["seeds"], f"{row['bpb']:.4f}", _flops(row["flops"]),
                          MISSING if row["seconds"] is None else f"{row['seconds']:.0f}",
-                         _cm(row["cm"], row["extrapolated"]) + _ci(row["cm_ci"]),
+                         ("below the fit's floor" if row.get("below_floor") else
+                          _cm(row["cm"], row["extrapolated"]) + _ci(row["cm_ci"])),
                          _cm(row["wall_cm"], row["extrapolated"]),
                          _cm(row["nanochat_cm"], row["nanochat_extrapolated"])])
         parts.append(f"#### {name}\n\n" + md_table(header, rows))
