@@ -38,13 +38,14 @@ class LadderError(ValueError):
 class PowerLaw:
     """L(C) = a + b*C^-c, fitted to `points` distinct compute values. `fixed` names what was
     not fitted ('' for the full fit, 'a = 0' for a pure power law, 'a = <value>' for a given
-    floor); `rms` is the root-mean-square residual in bpb."""
+    floor) and `note` why; `rms` is the root-mean-square residual in bpb."""
     a: float
     b: float
     c: float
     points: int = 0
     fixed: str = ""
     rms: float = 0.0
+    note: str = ""
 
     def loss(self, C):
         """The loss at compute C (a number or an array)."""
@@ -62,7 +63,7 @@ class PowerLaw:
         return self.c * (L - self.a)
 
     def describe(self):
-        how = "full fit" if not self.fixed else f"{self.fixed} fixed"
+        how = "full fit" if not self.fixed else f"{self.fixed} fixed" + (f": {self.note}" if self.note else "")
         return f"L(C) = {self.a:.4f} + {self.b:.4g}·C^-{self.c:.4f} ({how}, {self.points} compute values, rms {self.rms:.2g})"
 
 
@@ -99,11 +100,11 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     if distinct < 2:
         raise LadderError(f"a ladder fit needs final points at 2 or more compute values (got {distinct}); "
                           "only a per-tag reading against the eval curve of the same depth is possible")
-    fixed = ""
+    fixed, note = "", ""
     if floor is not None:
-        fixed = f"a = {floor:g}"
+        fixed, note = f"a = {floor:g}", "given"
     elif distinct == 2:
-        floor, fixed = 0.0, "a = 0"
+        floor, fixed, note = 0.0, "a = 0", "2 compute values determine a pure power law only"
     if floor is not None and np.any(y <= floor):
         raise LadderError(f"the floor a = {floor:g} is not below every bpb")
     scale = math.exp(np.log(C).mean())  # fit in C / scale: b stays of order one
@@ -121,8 +122,9 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     c = math.exp((lo + hi) / 2)
     a, b, err = (float(v[0]) for v in fit(np.array([c])))
     if floor is None and a == 0.0:
-        fixed = "a = 0 (the free fit wanted a < 0)"
-    return PowerLaw(a=a, b=b * scale ** c, c=c, points=distinct, fixed=fixed, rms=math.sqrt(err / len(y)))
+        fixed, note = "a = 0", "the free fit wanted a < 0"
+    return PowerLaw(a=a, b=b * scale ** c, c=c, points=distinct, fixed=fixed, rms=math.sqrt(err / len(y)),
+                    note=note)
 
 
 def _golden(f, lo, hi, tol=1e-10):

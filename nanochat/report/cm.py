@@ -121,7 +121,7 @@ def noise_sigma(cells, law):
         return math.sqrt(sq / dof), f"the seed spread of final bpb ({dof} degrees of freedom)"
     if law is not None and law.points > 3 and law.rms > 0:
         return law.rms * math.sqrt(law.points / (law.points - 3)), "the baseline fit's residual"
-    return None, "no seeds and no fit residual to take the bpb noise from"
+    return None, "no other seeds nor a fit with degrees of freedom to take the bpb noise from"
 
 
 def _interval_json(iv):
@@ -220,7 +220,7 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
             if iv is not None:
                 row["cm_ci"], row["cm_ci_kind"], row["cm_p"] = [iv.low, iv.high], iv.kind, iv.p
             elif row["cm"] is not None:
-                row["cm_ci_kind"] = f"unknown: one seed and {sigma_source}" if sigma is None else "unknown"
+                row["cm_ci_kind"] = f"unknown: one seed, and {sigma_source}" if sigma is None else "unknown"
         if wall_law is not None and all(s.seconds for s in members):
             row["wall_cm"] = _geomean(cm.ladder_cm(wall_law, base_finals, s.seconds, s.bpb).cm for s in members)
         if depth in study.baseline:
@@ -295,7 +295,7 @@ def _finish(study, variants, device=None):
         "baseline": {"runs": sorted(s.name for m in study.baseline.values() for s in m),
                      "depths": sorted(study.baseline),
                      "fit": None if law is None else {"a": law.a, "b": law.b, "c": law.c, "points": law.points,
-                                                      "fixed": law.fixed, "rms": law.rms},
+                                                      "fixed": law.fixed, "note": law.note, "rms": law.rms},
                      "wall_fit": None if study.wall_law is None else {
                          "a": study.wall_law.a, "b": study.wall_law.b, "c": study.wall_law.c}},
         "device": device,

@@ -63,7 +63,7 @@ def markdown(study, figures=()):
         rows = []
         for row in v["per_depth"]:
             rows.append([row["depth"], row["seeds"], f"{row['bpb']:.4f}", _flops(row["flops"]),
-                         MISSING if row["seconds"] is None else f"{row['seconds']:.0f}",
+                         MISSING if row["seconds"] is None else f"{row['seconds']:.3g}",
                          ("below the fit's floor" if row.get("below_floor") else
                           _cm(row["cm"], row["extrapolated"]) + _ci(row["cm_ci"])),
                          _cm(row["wall_cm"], row["extrapolated"]),
