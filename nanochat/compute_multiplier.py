@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanochat.report.stats import holm, t_975, t_pvalue
+from nanochat.report.stats import t_975, t_pvalue
 
 C_GRID = np.geomspace(1e-3, 3.0, 400)  # exponents c searched; loss-compute exponents sit near 0.05-0.5
 GOLDEN = (math.sqrt(5) - 1) / 2
@@ -275,11 +275,3 @@ def bootstrap_interval(statistic, groups, resamples=400, seed=0):
     low, high = np.exp(np.percentile(logs, [2.5, 97.5]))
     side = min((logs <= 0).mean(), (logs >= 0).mean())
     return Interval(float(low), float(high), f"bootstrap over seeds ({len(values)} resamples)", min(1.0, 2 * side))
-
-
-def holm_flags(intervals):
-    """Which of these intervals (None allowed) exceed the seed noise after Holm-Bonferroni over
-    the ones that carry a p-value: {index: bool}."""
-    tested = [(i, iv.p) for i, iv in enumerate(intervals) if iv is not None and iv.p is not None]
-    rejected = holm([p for _, p in tested])
-    return {i: r for (i, _), r in zip(tested, rejected)}

@@ -215,6 +215,4 @@ def test_bootstrap_interval_is_seeded_and_covers_the_truth():
     groups = [[1.2 * math.exp(e) for e in rng.normal(0, 0.02, 4)] for _ in range(3)]
     stat = lambda drawn: geomean([v for g in drawn for v in g])
     a, b = cm.bootstrap_interval(stat, groups, resamples=300), cm.bootstrap_interval(stat, groups, resamples=300)
-    assert (a.low, a.high) == (b.low, b.high) and a.low < 1.2 < a.high and a.beyond_noise
-    flags = cm.holm_flags([a, None, cm.Interval(0.9, 1.1, "t", 0.5)])
-    assert flags == {0: True, 2: False}
+    assert (a.low, a.high) == (b.low, b.high) and a.low < 1.2 < a.high and a.beyond_noise and a.p < 0.01
