@@ -250,7 +250,7 @@ def delta_interval(law, cm, bpb, sigma_bpb, source):
     """One seed: sigma(ln CM) ~ sigma_bpb / |dL/d ln C| at the anchor (the delta method), a
     stated estimate with the bpb noise taken from `source`."""
     slope = law.slope(bpb)
-    if cm is None or not (0 < cm < math.inf) or sigma_bpb is None or slope <= 0:
+    if cm is None or not (0 < cm < math.inf) or not sigma_bpb or slope <= 0:
         return None
     half = 1.959964 * sigma_bpb / slope
     z = math.log(cm) / (sigma_bpb / slope)

@@ -121,6 +121,15 @@ def test_one_seed_gives_a_stated_estimate(tmp_path):
     assert "t over 3 depths" in v["ladder_ci_kind"]
 
 
+def test_one_seed_on_three_depths_takes_the_noise_from_the_variants_scatter(tmp_path):
+    """3 baseline depths fit exactly (no residual) and no seeds: the stated estimate uses the
+    variant's scatter about L(k·C) instead."""
+    ladder(tmp_path, seeds=1)
+    v = run_compare(tmp_path)["variants"]["kromhc"]
+    assert all("estimate: one seed" in row["cm_ci_kind"] and "variant's scatter" in row["cm_ci_kind"]
+               and row["cm_ci"][0] < row["cm"] < row["cm_ci"][1] for row in v["per_depth"])
+
+
 def test_runs_from_before_the_compute_records_are_reconstructed(tmp_path):
     """An old run (no flops_per_token, tokens, seconds in its files): FLOPs rebuilt from its
     config and recorded vocabulary by GPT.estimate_flops, marked as such; recorded fields win."""

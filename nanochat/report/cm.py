@@ -200,6 +200,14 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
 def _variant(study, name, cells, sigma, sigma_source, resamples):
     law, wall_law = study.law, study.wall_law
     base_finals = [s.bpb for m in study.baseline.values() for s in m]
+    points = [s for m in cells.values() for s in m]
+    level = None if law is None else cm.ladder_level_cm(law, [s.flops for s in points], [s.bpb for s in points])
+    if sigma is None and level is not None and len(cells) >= 2:
+        # one seed everywhere and a baseline fit without residual: the variant's own scatter
+        # about L(k*C) over its depths (noise, and any change of its CM with depth)
+        residuals = [s.bpb - float(law.loss(level * s.flops)) for s in points]
+        sigma = math.sqrt(sum(r * r for r in residuals) / (len(residuals) - 1))
+        sigma_source = f"the variant's scatter about L(k·C) over its {len(cells)} depths"
     per_depth = []
     for depth in sorted(cells):
         members = cells[depth]
@@ -229,9 +237,8 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
 
     result = {"label": per_depth[0]["label"], "per_depth": per_depth, "ladder_cm": None, "ladder_ci": None,
               "ladder_ci_kind": None, "ladder_p": None, "wall_ladder_cm": None}
-    points = [s for m in cells.values() for s in m]
     if law is not None:
-        result["ladder_cm"] = cm.ladder_level_cm(law, [s.flops for s in points], [s.bpb for s in points])
+        result["ladder_cm"] = level
         iv = _ladder_interval(study, cells, per_depth, resamples)
         if iv is not None:
             result["ladder_ci"], result["ladder_ci_kind"], result["ladder_p"] = [iv.low, iv.high], iv.kind, iv.p
