@@ -215,7 +215,7 @@ def test_unfinished_runs_are_named_and_skipped(tmp_path, capsys):
     write_run(tmp_path, "d6_kromhc_s1", 6, curve, step_flops, hc="kromhc", seed=43, complete=False)
     v = run_compare(tmp_path)["variants"]["kromhc"]
     warnings = lines_with(capsys.readouterr().out, "warning:")
-    assert len(warnings) == 1 and warnings[0].startswith("warning: d6_kromhc_s1 skipped: unfinished (incomplete")
+    assert len(warnings) == 1 and warnings[0].startswith("warning: d6_kromhc_s1 skipped: unfinished (step ")
     assert [row["seeds"] for row in v["per_depth"]] == [1, 1, 1]
 
 

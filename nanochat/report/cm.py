@@ -124,10 +124,6 @@ def noise_sigma(cells, law):
     return None, "no other seeds nor a fit with degrees of freedom to take the bpb noise from"
 
 
-def _interval_json(iv):
-    return None if iv is None else [iv.low, iv.high]
-
-
 def _fit(points, messages, what):
     flops = [p[0] for p in points]
     try:
@@ -193,11 +189,12 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
             messages.append(f"warning: variant {name} has no depth the baseline has (variant: "
                             f"{', '.join(map(str, sorted(cells)))}; baseline: {', '.join(map(str, depths))}): "
                             "no nanochat-compatible per-tag CM")
-        out[name] = _variant(study, name, cells, sigma, sigma_source, resamples)
+        out[name] = _variant(study, cells, sigma, sigma_source, resamples)
     return _finish(study, out, device)
 
 
-def _variant(study, name, cells, sigma, sigma_source, resamples):
+def _variant(study, cells, sigma, sigma_source, resamples):
+    """One variant's JSON: its per-depth readings and its ladder-level CM."""
     law, wall_law = study.law, study.wall_law
     base_finals = [s.bpb for m in study.baseline.values() for s in m]
     points = [s for m in cells.values() for s in m]

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from nanochat.report.format import fmt
 from nanochat.report.runs import method_label, params, seeds_of
 from nanochat.train_config import FLAG_DEFAULTS
 
@@ -80,7 +81,8 @@ def spend_of(run):
     if not run.found:
         return None, "not found"
     if not run.complete:
-        return None, f"unfinished ({run.status})"
+        return None, run.status if run.failure else \
+            f"unfinished (step {fmt(run.last_step, 'd')} of {fmt(run.num_iterations, 'd')})"
     s = run.summary
     vals = [r for r in run.metrics.get("val", []) if r.get("bpb") is not None]
     bpb = s.get("val_bpb") if s.get("val_bpb") is not None else (vals[-1]["bpb"] if vals else None)
