@@ -64,7 +64,8 @@ class PowerLaw:
 
     def describe(self):
         how = "full fit" if not self.fixed else f"{self.fixed} fixed" + (f": {self.note}" if self.note else "")
-        return f"L(C) = {self.a:.4f} + {self.b:.4g}·C^-{self.c:.4f} ({how}, {self.points} compute values, rms {self.rms:.2g})"
+        return (f"L(C) = {self.a:.4f} + {self.b:.4g}·C^-{self.c:.4f} ({how}, {self.points} compute values, "
+                f"rms {self.rms:.2g})")
 
 
 def _fit_linear(x, y, floor):
@@ -100,6 +101,8 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     if distinct < 2:
         raise LadderError(f"a ladder fit needs final points at 2 or more compute values (got {distinct}); "
                           "only a per-tag reading against the eval curve of the same depth is possible")
+    if np.polyfit(np.log(C), y, 1)[0] >= 0:  # a floor or a pure power law would fit a rise as flat
+        raise LadderError("the baseline's final bpb does not fall as compute grows: no a + b·C^-c fits it")
     fixed, note = "", ""
     if floor is not None:
         fixed, note = f"a = {floor:g}", "given"
@@ -253,9 +256,12 @@ def delta_interval(law, cm, bpb, sigma_bpb, source):
     if cm is None or not (0 < cm < math.inf) or not sigma_bpb or slope <= 0:
         return None
     half = 1.959964 * sigma_bpb / slope
+    if half > 20:  # the curve is flat at the anchor: any multiplier fits the noise
+        return None
     z = math.log(cm) / (sigma_bpb / slope)
     p = math.erfc(abs(z) / math.sqrt(2))
-    return Interval(cm * math.exp(-half), cm * math.exp(half), f"estimate: one seed, σ_bpb {sigma_bpb:.2g} from {source}", p)
+    return Interval(cm * math.exp(-half), cm * math.exp(half),
+                    f"estimate: one seed, σ_bpb {sigma_bpb:.2g} from {source}", p)
 
 
 def bootstrap_interval(statistic, groups, resamples=400, seed=0):

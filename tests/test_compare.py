@@ -96,7 +96,8 @@ def test_compare_by_label_pools_seeds_and_recovers_the_multiplier(tmp_path, caps
     d6 = next(row for row in v["per_depth"] if row["depth"] == 6)
     pairs = []
     for suffix in ("", "_s1"):
-        base, var = spend_of(load_run(tmp_path / f"d6_residual{suffix}"))[0], spend_of(load_run(tmp_path / f"d6_kromhc{suffix}"))[0]
+        base = spend_of(load_run(tmp_path / f"d6_residual{suffix}"))[0]
+        var = spend_of(load_run(tmp_path / f"d6_kromhc{suffix}"))[0]
         pairs.append(cm.per_tag_cm(base.curve, var.bpb, var.flops).cm)
     assert d6["nanochat_cm"] == pytest.approx(math.sqrt(pairs[0] * pairs[1]), rel=1e-12) and d6["nanochat_extrapolated"]
     md = (tmp_path / "out" / "compare.md").read_text()
@@ -198,6 +199,19 @@ def test_one_baseline_depth_keeps_the_per_tag_cm(tmp_path, capsys):
     assert len(warnings) == 1 and "a ladder fit needs 2 or more" in warnings[0] and "per-tag" in warnings[0]
     assert v["ladder_cm"] is None and v["per_depth"][0]["cm"] is None and v["per_depth"][0]["nanochat_cm"] > 1
     assert v["per_depth"][1]["nanochat_cm"] is None  # no baseline at depth 8
+
+
+def test_a_baseline_that_does_not_fall_with_compute(tmp_path, capsys):
+    for d, shift in ((4, 0.0), (6, 1.0)):  # the larger model ends worse: no a + b·C^-c fits
+        step_flops, curve = ladder_run(d)
+        write_run(tmp_path, f"d{d}_residual", d, curve, step_flops, shift=shift)
+        step_flops, curve = ladder_run(d, 1.2)
+        write_run(tmp_path, f"d{d}_kromhc", d, curve, step_flops, hc="kromhc")
+    v = run_compare(tmp_path)["variants"]["kromhc"]
+    warnings = lines_with(capsys.readouterr().out, "warning:")
+    assert warnings == ["warning: baseline ladder (FLOPs): the baseline's final bpb does not fall as compute grows: "
+                        "no a + b·C^-c fits it"]
+    assert v["ladder_cm"] is None and v["per_depth"][0]["nanochat_cm"] is not None
 
 
 def test_a_variant_without_a_baseline_depth(tmp_path, capsys):

@@ -149,7 +149,8 @@ def kill_resume_and_compare(base, args):
     assert all(torch.equal(a[k], b[k]) for k in a)
     # the compute records continue across the resume: the same cumulative counts as the straight run
     summaries = [json.load(open(os.path.join(base, "runs", tag, "summary.json"))) for tag in ("straight", "killed")]
-    assert [(s["tokens"], s["total_flops"]) for s in summaries] == [(8 * 512, summaries[0]["flops_per_token"] * 8 * 512)] * 2
+    expected = (8 * 512, summaries[0]["flops_per_token"] * 8 * 512)
+    assert [(s["tokens"], s["total_flops"]) for s in summaries] == [expected] * 2
     killed = [r for r in map(json.loads, open(os.path.join(base, "runs", "killed", "metrics.jsonl")))]
     assert_compute_records(os.path.join(base, "runs", "killed"), summaries[1], killed, steps=8)
 

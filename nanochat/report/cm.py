@@ -164,17 +164,19 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
 
     depths = sorted(base_cells)
     if len(depths) < 2:
-        messages.append(f"warning: the baseline has finished runs at {len(depths)} depth ({', '.join(map(str, depths))}): "
-                        "a ladder fit needs 2 or more; only the nanochat-compatible per-tag CM (same depth) is computed")
+        messages.append(f"warning: the baseline has finished runs at {len(depths)} depth "
+                        f"({', '.join(map(str, depths))}): a ladder fit needs 2 or more; only the "
+                        "nanochat-compatible per-tag CM (same depth) is computed")
     else:
         study.law = _fit([(s.flops, s.bpb) for s in baseline], messages, "baseline ladder (FLOPs)")
     everyone = baseline + [s for m in variants.values() for s in m]
     device = same_device(everyone)
     if device is None:
         kinds = sorted({s.device or "unrecorded" for s in everyone})
-        messages.append(f"warning: wall-clock CM refused: the runs were not timed on one device set ({'; '.join(kinds)}); "
+        messages.append(f"warning: wall-clock CM refused: the runs were not timed on one device set "
+                        f"({'; '.join(kinds)}); "
                         "it compares seconds only on the same GPU model and count")
-    elif len(depths) >= 2 and all(s.seconds for s in baseline):
+    elif study.law is not None and all(s.seconds for s in baseline):  # the same finals, in seconds
         study.wall_law = _fit([(s.seconds, s.bpb) for s in baseline], messages, "baseline ladder (seconds)")
     sigma, sigma_source = noise_sigma(list(base_cells.values()) + [c for v in var_cells.values() for c in v.values()],
                                       study.law)
