@@ -47,6 +47,7 @@ def test_fit_with_two_points_is_a_pure_power_law_and_says_so():
     ([1e18], [1.0], "2 or more compute values"),
     ([1e18, 1e18], [1.0, 1.1], "2 or more compute values (got 1)"),
     ([1e18, 2e18, 4e18], [1.0, 1.1, 1.2], "does not fall as compute grows"),
+    ([1e18, 2e18], [1.0, 1.1], "does not fall as compute grows"),  # not fitted as flat by a = 0
     ([1e18, -2e18], [1.0, 0.9], "positive, finite"),
     ([1e18, 2e18], [1.0], "same length"),
 ])
