@@ -22,6 +22,7 @@ import argparse
 import fnmatch
 import json
 import re
+import sys
 from pathlib import Path
 
 from nanochat.cli import positive_int, run
@@ -56,11 +57,11 @@ def build_parser():
     parser.add_argument("--baseline", type=tags, metavar="TAG,TAG,...", help="the baseline's runs (default: by label)")
     parser.add_argument("--variant", type=variant_spec, action="append", metavar="NAME=TAG,TAG,...",
                         help="a variant's runs (repeatable; default: every label but the baseline's)")
-    parser.add_argument("--baseline-label", default="residual",
+    parser.add_argument("--baseline-label", default="residual", metavar="LABEL",
                         help="connection label of the baseline when runs are picked by label (default: residual)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--out", metavar="DIR", help="where compare.md and the figures go (default: the runs root)")
-    parser.add_argument("--resamples", type=positive_int(), default=400,
+    parser.add_argument("--resamples", type=positive_int(), default=400, metavar="N",
                         help="bootstrap resamples for the ladder-level interval (default: 400)")
     return parser
 
@@ -116,8 +117,8 @@ def main(argv=None):
     spends = pool([load_run(d) for d in dirs], messages)
     baseline, variants = select_groups(spends, args.baseline_label, args.baseline, variant_tags)
     study = compare(spends, baseline, variants, messages, resamples=args.resamples)
-    for line in study.messages:
-        print(line)
+    for line in study.messages:  # diagnostics on stderr, the table on stdout
+        print(line, file=sys.stderr)
     out = Path(args.out) if args.out else root
     out.mkdir(parents=True, exist_ok=True)
     if args.json:

@@ -165,8 +165,7 @@ def test_old_runs_compare_and_say_what_was_rebuilt(tmp_path, capsys):
             summary["params"] = {"lm_head": 512 * 64 * d}
             (run / "summary.json").write_text(json.dumps(summary))
     result = run_compare(tmp_path)
-    out = capsys.readouterr().out
-    assert "warning: wall-clock CM refused" in out
+    assert "warning: wall-clock CM refused" in capsys.readouterr().err
     v = result["variants"]["kromhc"]
     assert v["ladder_cm"] is not None and all("total_flops" in row["reconstructed"] for row in v["per_depth"])
     assert "Reconstructed" in (tmp_path / "out" / "compare.md").read_text()
@@ -195,7 +194,7 @@ def lines_with(text, prefix):
 def test_one_baseline_depth_keeps_the_per_tag_cm(tmp_path, capsys):
     ladder(tmp_path, seeds=1, depths=(6,), variant_depths=(6, 8))
     v = run_compare(tmp_path)["variants"]["kromhc"]
-    warnings = lines_with(capsys.readouterr().out, "warning:")
+    warnings = lines_with(capsys.readouterr().err, "warning:")
     assert len(warnings) == 1 and "a ladder fit needs 2 or more" in warnings[0] and "per-tag" in warnings[0]
     assert v["ladder_cm"] is None and v["per_depth"][0]["cm"] is None and v["per_depth"][0]["nanochat_cm"] > 1
     assert v["per_depth"][1]["nanochat_cm"] is None  # no baseline at depth 8
@@ -208,7 +207,7 @@ def test_a_baseline_that_does_not_fall_with_compute(tmp_path, capsys):
         step_flops, curve = ladder_run(d, 1.2)
         write_run(tmp_path, f"d{d}_kromhc", d, curve, step_flops, hc="kromhc")
     v = run_compare(tmp_path)["variants"]["kromhc"]
-    warnings = lines_with(capsys.readouterr().out, "warning:")
+    warnings = lines_with(capsys.readouterr().err, "warning:")
     assert warnings == ["warning: baseline ladder (FLOPs): the baseline's final bpb does not fall as compute grows: "
                         "no a + b·C^-c fits it"]
     assert v["ladder_cm"] is None and v["per_depth"][0]["nanochat_cm"] is not None
@@ -217,7 +216,7 @@ def test_a_baseline_that_does_not_fall_with_compute(tmp_path, capsys):
 def test_a_variant_without_a_baseline_depth(tmp_path, capsys):
     ladder(tmp_path, seeds=1, depths=(4, 6), variant_depths=(8,))
     v = run_compare(tmp_path)["variants"]["kromhc"]
-    warnings = lines_with(capsys.readouterr().out, "warning:")
+    warnings = lines_with(capsys.readouterr().err, "warning:")
     assert warnings == ["warning: variant kromhc has no depth the baseline has (variant: 8; baseline: 4, 6): "
                         "no nanochat-compatible per-tag CM"]
     assert v["per_depth"][0]["cm"] is not None and v["per_depth"][0]["extrapolated"]
@@ -228,7 +227,7 @@ def test_unfinished_runs_are_named_and_skipped(tmp_path, capsys):
     step_flops, curve = ladder_run(6, 1.2)
     write_run(tmp_path, "d6_kromhc_s1", 6, curve, step_flops, hc="kromhc", seed=43, complete=False)
     v = run_compare(tmp_path)["variants"]["kromhc"]
-    warnings = lines_with(capsys.readouterr().out, "warning:")
+    warnings = lines_with(capsys.readouterr().err, "warning:")
     assert len(warnings) == 1 and warnings[0].startswith("warning: d6_kromhc_s1 skipped: unfinished (step ")
     assert [row["seeds"] for row in v["per_depth"]] == [1, 1, 1]
 
@@ -238,7 +237,7 @@ def test_runs_on_other_devices_refuse_the_wall_clock_cm(tmp_path, capsys):
     step_flops, curve = ladder_run(10)
     write_run(tmp_path, "d10_residual", 10, curve, step_flops, device="NVIDIA A100-SXM4-80GB")
     v = run_compare(tmp_path)["variants"]["kromhc"]
-    warnings = lines_with(capsys.readouterr().out, "warning:")
+    warnings = lines_with(capsys.readouterr().err, "warning:")
     assert len(warnings) == 1 and "wall-clock CM refused" in warnings[0] and "A100" in warnings[0]
     assert all(row["wall_cm"] is None for row in v["per_depth"]) and v["ladder_cm"] is not None
 
@@ -251,7 +250,7 @@ def test_mixed_datasets_or_tokenizers_are_an_error(tmp_path, capsys, field, othe
     with pytest.raises(SystemExit) as e:
         run_compare(tmp_path)
     assert e.value.code == 1
-    errors = lines_with(capsys.readouterr().out, "error:")
+    errors = lines_with(capsys.readouterr().err, "error:")
     assert len(errors) == 1 and f"mixed {field}s" in errors[0] and other in errors[0]
 
 
@@ -265,7 +264,7 @@ def test_bad_selections_are_one_error(tmp_path, capsys, flags, message):
     ladder(tmp_path, seeds=1)
     with pytest.raises(SystemExit) as e:
         run_compare(tmp_path, *flags)
-    text = str(e.value.code) if e.value.code != 1 else capsys.readouterr().out
+    text = str(e.value.code) if e.value.code != 1 else capsys.readouterr().err
     assert message in text and text.count("error:") == 1
 
 
