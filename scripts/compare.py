@@ -89,7 +89,8 @@ def print_study(study):
             print(f"ladder-level CM {v['ladder_cm']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}] ({v['ladder_ci_kind']})"
                                                               if ci else " (interval unknown)")
                   + ("" if "beyond_noise" not in v else
-                     "; exceeds the seed noise (Holm)" if v["beyond_noise"] else "; within the seed noise (Holm)"))
+                     "; beyond the noise (Holm-Bonferroni)" if v["beyond_noise"] else
+                     "; within the noise (Holm-Bonferroni)"))
 
 
 def main(argv=None):

@@ -43,6 +43,10 @@ def _ci(interval):
     return "" if not interval else f" [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
+def _seconds(value):
+    return MISSING if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _flops(value):
     return MISSING if value is None else f"{value:.3g}"
 
@@ -63,7 +67,7 @@ def markdown(study, figures=()):
         rows = []
         for row in v["per_depth"]:
             rows.append([row["depth"], row["seeds"], f"{row['bpb']:.4f}", _flops(row["flops"]),
-                         MISSING if row["seconds"] is None else f"{row['seconds']:.3g}",
+                         _seconds(row["seconds"]),
                          ("below the fit's floor" if row.get("below_floor") else
                           _cm(row["cm"], row["extrapolated"]) + _ci(row["cm_ci"])),
                          _cm(row["wall_cm"], row["extrapolated"]),
@@ -73,8 +77,8 @@ def markdown(study, figures=()):
         if v["ladder_cm"] is not None:
             verdict = ""
             if "beyond_noise" in v:
-                verdict = (" — exceeds the seed noise" if v["beyond_noise"] else " — within the seed noise") + \
-                    f" (Holm-Bonferroni over {r['holm']['ladder_family']} variant(s))"
+                verdict = (" — beyond the noise" if v["beyond_noise"] else " — within the noise") + \
+                    f" (Holm-Bonferroni over {r['holm']['ladder_family']} variant(s), 5 % family-wise)"
             notes.append(f"- Ladder-level CM: **{v['ladder_cm']:.3f}**{_ci(v['ladder_ci'])}"
                          + (f" ({v['ladder_ci_kind']})" if v["ladder_ci_kind"] else " (interval unknown)") + verdict
                          + (f"; wall-clock {v['wall_ladder_cm']:.3f}" if v.get("wall_ladder_cm") else "") + ".")
