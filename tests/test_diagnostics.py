@@ -18,6 +18,9 @@ VOCAB = 64
 
 
 def tiny_gpt(hc, n_layer=2, **kw):
+    # Seeded: the init must not depend on what ran before in the same process (pytest-xdist
+    # runs several files in one worker), or thresholds like "really mixing" turn flaky.
+    torch.manual_seed(0)
     cfg = GPTConfig(sequence_len=16, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_kv_head=2, n_embd=32, hc=hc, **kw)
     return build_model(cfg, "cpu")
 
