@@ -80,9 +80,11 @@ class Inference:
     """A GPT for evaluation: `inference(idx, targets=None, loss_reduction="mean")` is the
     model's forward, `generate(...)` GPT.generate's; `config`, `rotary_len` and `model`
     pass through. compile: torch.compile the three families (module docstring);
-    cuda_graphs: decode under CUDA graphs (default: on CUDA, when compiling)."""
+    cuda_graphs: decode under CUDA graphs (default: on CUDA, when compiling); backend:
+    torch.compile's ("aot_eager" traces and functionalizes like Inductor without generating
+    code: what the tests use to cover every variant at the cost of one trace)."""
 
-    def __init__(self, model, compile=False, cuda_graphs=None):
+    def __init__(self, model, compile=False, cuda_graphs=None, backend="inductor"):
         self.model = model
         self.config = model.config
         self.rotary_len = model.rotary_len
@@ -97,9 +99,9 @@ class Inference:
             # code object) would otherwise send the later ones to eager without a word
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             self._compiled = {
-                "score": torch.compile(_score, dynamic=True),
-                "prefill": torch.compile(_prefill, dynamic=True),
-                "decode": torch.compile(_decode, dynamic=False,
+                "score": torch.compile(_score, dynamic=True, backend=backend),
+                "prefill": torch.compile(_prefill, dynamic=True, backend=backend),
+                "decode": torch.compile(_decode, dynamic=False, backend=backend,
                                         mode="reduce-overhead" if self.cuda_graphs else None),
             }
         self._eager = {"score": _score, "prefill": _prefill, "decode": _decode}

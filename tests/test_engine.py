@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from nanochat import engine
+from nanochat.core_eval import evaluate_core
 from nanochat.connections import VARIANTS
 from nanochat.gpt import GPTConfig, StaticKVCache, build_model
+from test_core_eval import REAL_BUNDLE, ByteTokenizer, needs_real_bundle
 
 VOCAB = 64
 STREAMLESS = ("residual", "attnres")
@@ -21,10 +23,10 @@ CASES = [(v, {}) for v in VARIANTS] + [
 CASE_IDS = [v + "".join(f"-{value}" for value in opts.values()) for v, opts in CASES]
 
 
-def tiny_model(variant, n_layer=2, seq_len=16, seed=0, **options):
+def tiny_model(variant, n_layer=2, seq_len=16, seed=0, vocab=VOCAB, **options):
     """A model whose every weight is non-zero (init zeroes the output projections and the
     connection projections; random values exercise every path)."""
-    cfg = GPTConfig(sequence_len=seq_len, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_kv_head=1, n_embd=32,
+    cfg = GPTConfig(sequence_len=seq_len, vocab_size=vocab, n_layer=n_layer, n_head=2, n_kv_head=1, n_embd=32,
                     window_pattern="SL", hc=variant, hc_streams=0 if variant in STREAMLESS else 4, hc_sk_iters=3,
                     **options)
     torch.manual_seed(seed)
@@ -70,41 +72,109 @@ def test_static_cache_reset_and_its_limits():
 
 class EveryVariant(nn.Module):
     """One tiny model per case behind one forward, so that a single compilation covers them
-    all (a compiled graph costs ~30 s on a small CPU; one per variant would cost minutes)."""
+    all (tracing costs seconds per variant and graph on a small CPU, Inductor's code
+    generation ~30 s per graph); kv_cache is a list with one StaticKVCache per model."""
 
     def __init__(self):
         super().__init__()
         self.models = nn.ModuleList(tiny_model(v, n_layer=1, **opts) for v, opts in CASES)
-        self.config = self.models[0].config
-        self.rotary_len = self.models[0].rotary_len
-        self.lm_head = self.models[0].lm_head
-        self.head_dim = self.models[0].head_dim
+        first = self.models[0]
+        self.config, self.rotary_len, self.lm_head, self.head_dim = first.config, first.rotary_len, first.lm_head, \
+            first.head_dim
 
-    def forward(self, idx, targets=None, loss_reduction="mean", kv_cache=None):
-        caches = kv_cache or [None] * len(self.models)
-        return torch.stack([m(idx, kv_cache=c) for m, c in zip(self.models, caches)])
-
-    def activation_dtype(self, idx):
-        return torch.float32
+    def forward(self, idx, kv_cache):
+        return torch.stack([m(idx, kv_cache=c) for m, c in zip(self.models, kv_cache)])
 
 
-class Caches(list):
-    """One StaticKVCache per model of EveryVariant, seen by Inference as one cache."""
-    static = True
-
-
-@pytest.fixture(scope="module")
-def every_variant():
-    return EveryVariant()
-
-
-def test_compiled_scores_and_greedy_tokens_equal_eager_for_every_variant(every_variant, monkeypatch):
-    """Inductor, fp32: the score graph's logits (all variants at once, within 1e-4), and greedy
-    decoding through the compiled prefill and decode graphs: the same tokens as eager."""
+def test_compiled_decode_equals_eager_for_every_variant():
+    """Every variant and option in one decode graph (traced and functionalized as Inductor
+    would see it, without its code generation): the same logits and greedy tokens as eager,
+    step after step through the StaticKVCache, and one graph for all steps (the position is
+    a tensor: no recompile per token)."""
+    every = EveryVariant()
     torch._dynamo.reset()
-    compiled = engine.Inference(every_variant, compile=True)
-    eager = engine.Inference(every_variant, compile=False)
-    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    inference = engine.Inference(every, compile=True, backend="aot_eager")
+    gen = torch.Generator().manual_seed(3)
+    prompt, fed = torch.randint(0, VOCAB, (2, 10), generator=gen), torch.randint(0, VOCAB, (2, 4), generator=gen)
+
+    def decode(step):
+        caches = [StaticKVCache(2, 1, 1, every.head_dim, 16, "cpu", torch.float32) for _ in every.models]
+        out = [every(prompt, caches)]  # the prefill, eagerly for both
+        out += [step(fed[:, t:t + 1], caches) for t in range(fed.size(1))]
+        return torch.cat(out, dim=2)
+
     with torch.no_grad():
-        torch.testing.assert_close(compiled(idx), eager(idx), atol=1e-4, rtol=1e-4)
-    assert compiled.fallback is None and compiled.graphs() == 1
+        eager, compiled = decode(every), decode(inference.step)
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    assert inference.fallback is None and inference.graphs() == 1
+
+
+def test_inductor_generation_equals_eager():
+    """Inductor's code, prefill (dynamic length) and decode: greedy tokens as eager's, the
+    step logits within 1e-4 (fp32), and a prompt of another length reuses both graphs."""
+    model = tiny_model("mhc", n_layer=1)
+    torch._dynamo.reset()
+    compiled, eager = engine.Inference(model, compile=True), engine.Inference(model)
+    for prompt in ([3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9]):
+        assert list(compiled.generate(prompt, 6, temperature=0)) == list(eager.generate(prompt, 6, temperature=0))
+    assert compiled.graphs() == 2 and compiled.fallback is None
+    ids = torch.tensor([[7, 3, 2]])
+    with torch.no_grad():
+        cache_c, cache_e = compiled.cache(1, 5), eager.cache(1, 5)
+        for step_ids in (ids, ids[:, :1], ids[:, 1:2]):
+            torch.testing.assert_close(compiled.step(step_ids, cache_c), eager.step(step_ids, cache_e),
+                                       atol=1e-4, rtol=1e-4)
+    assert compiled.graphs() == 2
+
+
+@needs_real_bundle
+def test_compiled_core_equals_eager_within_a_bounded_number_of_graphs():
+    """CORE on three bundle tasks (multiple choice, schema, language modeling; 4 items each)
+    through the score graph: the same accuracies as eager, in at most 2 x (windows + 1)
+    graphs: rows of every length and option count, not one graph per prompt."""
+    model = tiny_model("kromhc", vocab=320, seq_len=64)
+    torch._dynamo.reset()
+    compiled = engine.Inference(model, compile=True, backend="aot_eager")
+    kw = dict(max_per_task=4, tasks="copa,winograd,lambada_openai", max_seq_len=model.rotary_len)
+    with torch.no_grad():
+        eager_core = evaluate_core(model, ByteTokenizer(), "cpu", str(REAL_BUNDLE), **kw)
+        compiled_core = evaluate_core(compiled, ByteTokenizer(), "cpu", str(REAL_BUNDLE), **kw)
+    assert compiled_core["results"] == eager_core["results"]
+    assert compiled_core["core_metric"] == eager_core["core_metric"]
+    windows = len(set(model.window_sizes))
+    assert 1 <= compiled.graphs() <= 2 * (windows + 1) and compiled.fallback is None
+
+
+def test_a_failing_compiler_falls_back_to_eager_with_one_warning(monkeypatch, capsys):
+    def broken(fn, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model = tiny_model("kromhc")
+    runner = engine.Inference(model, compile=True)
+    idx = torch.randint(0, VOCAB, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(runner(idx), model(idx))
+        tokens = list(runner.generate([1, 2, 3], 4, temperature=0))
+        runner(idx)
+    assert tokens == list(model.generate([1, 2, 3], 4, temperature=0))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "continuing eagerly" in warnings[0] and "no kernel image" in warnings[0]
+    assert runner.fallback.startswith("RuntimeError: CUDA error")
+
+
+def test_a_callers_error_is_not_a_compiler_failure(monkeypatch):
+    model = tiny_model("residual")
+    runner = engine.Inference(model, compile=True, backend="eager")
+    with pytest.raises(ValueError, match="rotary table"):
+        runner(torch.zeros(1, model.rotary_len + 1, dtype=torch.long))
+    assert runner.fallback is None
+
+
+def test_compile_defaults():
+    assert engine.compile_default("cuda") and not engine.compile_default("cpu")
+    model = tiny_model("residual")
+    assert not engine.Inference(model, compile=True).cuda_graphs  # on the CPU: nothing to replay
