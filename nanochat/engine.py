@@ -138,8 +138,11 @@ class Inference:
         cache = self._caches.get(key)
         if cache is None:
             cfg = self.config
-            cache = self._caches[key] = StaticKVCache(batch_size, cfg.n_layer, cfg.n_kv_head, self.model.head_dim,
-                                                      capacity, self.device, dtype)
+            # ordinary tensors even when first asked for under inference_mode (generate): a
+            # kept cache is written again later, possibly outside it
+            with torch.inference_mode(False):
+                cache = self._caches[key] = StaticKVCache(batch_size, cfg.n_layer, cfg.n_kv_head,
+                                                          self.model.head_dim, capacity, self.device, dtype)
         cache.reset()
         return cache
 

@@ -453,7 +453,8 @@ def main(argv=None):
           f"{args.threads} thread(s), {args.reps} reps after {args.warmup} warm-up; spread = IQR / median")
     if args.out:
         env = {"torch": torch.__version__, "device": device.type, "dtype": str(dtype).replace("torch.", ""),
-               "compile": args.compile if args.bench not in INFER_BENCHES else how, "threads": args.threads, "platform": platform.platform(),
+               "compile": args.compile if args.bench not in INFER_BENCHES else how, "threads": args.threads,
+               "platform": platform.platform(),
                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()}
         with open(args.out, "w") as f:

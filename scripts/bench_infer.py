@@ -132,8 +132,8 @@ def print_infer(rows, args, width, fmt):
                  else f"{args.new_tokens} new tokens after a {args.prompt_len}-token prompt")
         print(f"\n{kind}: whole model, depth {args.depth} C={width} head_dim={args.head_dim} vocab={args.vocab_size}, "
               f"{shape}")
-        header = ["variant", "mode", "B", "T", "median ms", "spread", "tok/s"] + (["ms/token"] if kind == "decode" else []) \
-            + ["x residual", "x mhc", "x eager", "peak MiB"]
+        header = (["variant", "mode", "B", "T", "median ms", "spread", "tok/s"]
+                  + (["ms/token"] if kind == "decode" else []) + ["x residual", "x mhc", "x eager", "peak MiB"])
         lines = []
         for r in picked:
             lines.append([r["variant"], r["mode"] + (" (fell back)" if r["fallback"] else ""), str(r["batch"]),

@@ -101,8 +101,8 @@ def main(argv=None):
     print0(f"lm-eval on {run_dir} at step {step}: {', '.join(tasks)} ({device}, {dtype}, world size "
            f"{info.world_size})")
     use_compile = args.compile if args.compile is not None else compile_default(device.type)
-    lm = NanochatLM(Inference(model, compile=use_compile), tokenizer, device, batch_size=args.batch_size, autocast=autocast, rank=info.rank,
-                    world_size=info.world_size)
+    lm = NanochatLM(Inference(model, compile=use_compile), tokenizer, device, batch_size=args.batch_size,
+                    autocast=autocast, rank=info.rank, world_size=info.world_size)
     results = lm_eval_run.evaluate(lm, tasks, manager, num_fewshot=args.num_fewshot, limit=args.limit,
                                    bootstrap_iters=args.bootstrap_iters)
     if info.master:
