@@ -17,8 +17,9 @@ context on `prefix_token_id`, here <|bos|> too.
 
 `model` is a GPT or, as scripts.lm_eval passes it, an `engine.Inference` over one (compiled
 scoring and generation with --compile). max_length is the training context
-(config.sequence_len), also what the exported model declares to lm-eval's own `hf` model. Under torchrun, lm-eval gives each rank its share of
-the documents and gathers the results on rank 0 through the primitives below.
+(config.sequence_len), also what the exported model declares to lm-eval's own `hf` model.
+Under torchrun, lm-eval gives each rank its share of the documents and gathers the results
+on rank 0 through the primitives below.
 """
 
 import contextlib
