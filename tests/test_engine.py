@@ -126,17 +126,18 @@ def test_inductor_decode_equals_eager():
         for token in (7, 3, 2):
             ids = torch.tensor([[token]])
             torch.testing.assert_close(compiled.step(ids, cache_c), eager.step(ids, cache_e), atol=1e-4, rtol=1e-4)
-    assert compiled.graphs() == 1
+    assert compiled.graphs() == 2  # no_grad is another global state than generate's inference_mode
 
 
 @needs_real_bundle
 def test_compiled_core_equals_eager_within_a_bounded_number_of_graphs():
     """CORE on two bundle tasks (multiple choice with 2 options, language modeling; 4 items
-    each) through the score graph, traced as Inductor would see it: the same accuracies as
-    eager, in at most 2 x (windows + 1) graphs: rows of every length, not one per prompt."""
+    each) through the score graph, as dynamo captures it (the graph count is dynamo's; the
+    numerics of compiled code are the tests above): the same accuracies as eager, in at most
+    2 x (windows + 1) graphs: rows of every length, not one per prompt."""
     model = tiny_model("kromhc", n_layer=1, vocab=320, seq_len=64, window_pattern="L")
     torch._dynamo.reset()
-    compiled = engine.Inference(model, compile=True, backend="aot_eager")
+    compiled = engine.Inference(model, compile=True, backend="eager")
     kw = dict(max_per_task=4, tasks="copa,lambada_openai", max_seq_len=model.rotary_len)
     with torch.no_grad():
         eager_core = evaluate_core(model, ByteTokenizer(), "cpu", str(REAL_BUNDLE), **kw)
