@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order
 
@@ -86,6 +87,8 @@ def cost_table(runs, depth, bench):
         variants += [v for v in dict.fromkeys(r["variant"] for r in bench["rows"]) if v not in variants]
     if not variants:
         return None
+    order = list(paper.METHOD_NAMES)
+    variants.sort(key=lambda v: order.index(v) if v in order else len(order))
     base = next((r for r in picked if r.variant == "residual"), None)
     modes = [m for m in ("eager", "compiled", "cudagraphs") if bench and any(r["mode"] == m for r in bench["rows"])]
     header = ["Method", "train mode", "step time", "peak mem"]
@@ -93,7 +96,8 @@ def cost_table(runs, depth, bench):
     rows = []
     for variant in variants:
         run = next((r for r in picked if r.variant == variant), None)
-        cells = [method_label(run) if run else variant, training_mode(run) if run else MISSING]
+        cells = [method_label(run) if run else paper.METHOD_NAMES.get(variant, variant),
+                 training_mode(run) if run else MISSING]
         for key in ("step_time", "peak_mem_mib"):
             value = _ratio(run.summary.get(key), base.summary.get(key)) if run and base else None
             cells.append(fmt(value, ".2f") + ("x" if value is not None else ""))
