@@ -86,7 +86,8 @@ class Inference:
     pass through. compile: torch.compile the three families (module docstring);
     cuda_graphs: decode under CUDA graphs (default: on CUDA, when compiling); backend:
     torch.compile's ("aot_eager" traces and functionalizes like Inductor without generating
-    code: what the tests use to cover every variant at the cost of one trace)."""
+    code: what the tests use to cover every variant at the cost of one trace). Compiling
+    switches the model's FlexAttention layers to SDPA (see __init__)."""
 
     def __init__(self, model, compile=False, cuda_graphs=None, backend="inductor"):
         self.model = model
@@ -99,6 +100,14 @@ class Inference:
         self._caches = {}
         self._graphs_at_start = graph_count()
         if compile:
+            # Windowed layers on SDPA: FlexAttention's block mask is built and cached per
+            # length, which would make a dynamic length static again (a graph per prompt
+            # length). Forward-only evaluation loses little: the prompts are mostly shorter
+            # than the window, where SDPA takes is_causal anyway.
+            for module in model.modules():
+                if getattr(module, "attention", None) == "flex" or (
+                        getattr(module, "attention", None) == "auto" and self.device.type == "cuda"):
+                    module.attention = "sdpa"
             # one entry per shape family and cache capacity; dynamo's default limit (8 per
             # code object) would otherwise send the later ones to eager without a word
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

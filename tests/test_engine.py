@@ -176,6 +176,23 @@ def test_a_callers_error_is_not_a_compiler_failure(monkeypatch):
     assert runner.fallback is None
 
 
+def test_compiled_scores_of_a_flex_model_take_one_graph_for_every_length():
+    """FlexAttention builds a block mask per length; compiled evaluation runs the windowed
+    layers on SDPA instead, so lengths past the window (8) share one graph."""
+    model = tiny_model("residual", attention="flex")
+    expected = {}
+    with torch.no_grad():
+        for T in (10, 12, 14):
+            expected[T] = model(torch.arange(T).repeat(2, 1) % VOCAB)
+    torch._dynamo.reset()
+    compiled = engine.Inference(model, compile=True, backend="eager")
+    assert {block.attn.attention for block in model.transformer.h} == {"sdpa"}
+    with torch.no_grad():
+        for T, logits in expected.items():
+            torch.testing.assert_close(compiled(torch.arange(T).repeat(2, 1) % VOCAB), logits, atol=1e-5, rtol=1e-5)
+    assert compiled.graphs() == 1
+
+
 def test_compile_defaults():
     assert engine.compile_default("cuda") and not engine.compile_default("cpu")
     model = tiny_model("residual")
