@@ -7,8 +7,9 @@ Compiled (`compile=True`, the default on CUDA), three graph families, each compi
            one graph per guard region, not per prompt length. Dynamo specializes a batch
            of 1 apart from larger ones and splits lengths at the attention windows (a
            windowed layer takes an explicit mask only past its window): at most
-           2 x (number of distinct windows + 1) graphs; a CORE run on a d4 model builds 4
-           (tests/test_engine.py counts them).
+           2 x (number of distinct windows + 1) graphs (tests/test_engine.py checks the
+           bound); CORE on the CPU demo's d4 model (one window) built 4. FlexAttention
+           layers run on SDPA here: their block mask is built per length.
   prefill  the prompt through a StaticKVCache, dynamic length: the same bound.
   decode   one token per row through the StaticKVCache: static shapes, so every step
            replays one graph; on CUDA under CUDA graphs (mode="reduce-overhead"): the
