@@ -25,6 +25,8 @@ Eager and compiled agree to float rounding (fp32 on the CPU: logits within 1e-4,
 greedy tokens, the same CORE; tests/test_engine.py).
 """
 
+import functools
+
 import torch
 
 from nanochat.common import print0
@@ -81,6 +83,17 @@ def _decode(model, idx, cache):
     return model(idx, kv_cache=cache)
 
 
+@functools.cache
+def _compiled(family, backend, cuda_graphs):
+    """The compiled function of a family, one per settings for the whole process: graphs
+    are keyed by the model passed in, and two Inference objects over one model (e.g. the
+    benchmark's compiled and cudagraphs modes) share the graphs they have in common."""
+    eager = {"score": _score, "prefill": _prefill, "decode": _decode}[family]
+    if family == "decode":
+        return torch.compile(eager, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+    return torch.compile(eager, dynamic=True, backend=backend)
+
+
 class Inference:
     """A GPT for evaluation: `inference(idx, targets=None, loss_reduction="mean")` is the
     model's forward, `generate(...)` GPT.generate's; `config`, `rotary_len` and `model`
@@ -112,12 +125,8 @@ class Inference:
             # one entry per shape family and cache capacity; dynamo's default limit (8 per
             # code object) would otherwise send the later ones to eager without a word
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._compiled = {
-                "score": torch.compile(_score, dynamic=True, backend=backend),
-                "prefill": torch.compile(_prefill, dynamic=True, backend=backend),
-                "decode": torch.compile(_decode, dynamic=False, backend=backend,
-                                        mode="reduce-overhead" if self.cuda_graphs else None),
-            }
+            self._compiled = {family: _compiled(family, backend, self.cuda_graphs and family == "decode")
+                              for family in ("score", "prefill", "decode")}
         self._eager = {"score": _score, "prefill": _prefill, "decode": _decode}
 
     def graphs(self):

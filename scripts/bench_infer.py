@@ -8,7 +8,8 @@ connection costs once the model is trained, through the path evaluation and gene
            forward per token, fed back on the device (no host sync per token); ms/token =
            median time / new tokens (a step of B rows), tokens/s = B * new tokens / time
 Modes (--modes): eager; compiled (torch.compile: prefill with dynamic length, decode with
-static shapes); cudagraphs (compiled, decode replayed as a CUDA graph; CUDA only). Ratios in
+static shapes); cudagraphs (decode only: the compiled decode replayed as a CUDA graph; its
+prefill is the compiled mode's graph; CUDA only). Ratios in
 the same run: x residual and x mhc (same bench, mode and shape), x eager (same variant).
 Peak memory (CUDA): the allocator's peak over one timed call minus what was allocated before.
 """
@@ -78,7 +79,7 @@ def run_infer(args, benches, device, dtype, autocast, bench):
                 inference = Inference(model, compile=mode != "eager", cuda_graphs=mode == "cudagraphs")
                 gen = torch.Generator(device=device).manual_seed(args.seed)
                 shapes = []
-                if "prefill" in benches:
+                if "prefill" in benches and mode != "cudagraphs":  # its prefill is the compiled mode's
                     shapes += [("prefill", b, t) for b in args.infer_batches for t in args.prefill_lens]
                 if "decode" in benches:
                     shapes += [("decode", b, args.prompt_len) for b in args.infer_batches]

@@ -3,6 +3,8 @@ forward at every position for every variant and option; the compiled paths (scor
 decode) give the eager logits and greedy tokens for every variant, compiled once for all of
 them; the graph count of a CORE run; the eager fallback with one warning line."""
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -155,6 +157,9 @@ def test_a_failing_compiler_falls_back_to_eager_with_one_warning(monkeypatch, ca
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
+    # the compiled functions are made once per process: make them again with the broken
+    # compiler, and drop those afterwards
+    monkeypatch.setattr(engine, "_compiled", functools.cache(engine._compiled.__wrapped__))
     model = tiny_model("kromhc")
     runner = engine.Inference(model, compile=True)
     idx = torch.randint(0, VOCAB, (2, 6))
