@@ -140,8 +140,19 @@ run_all "$PLAN_FILE" || status=$?  # the failures are listed below, after the re
 # Preempted: the machine is going away, so no report; run_all said how to continue.
 [ "$status" -ne "$PREEMPTED_EXIT" ] || exit "$PREEMPTED_EXIT"
 
+# ---- inference cost per connection, for the report's Cost section. The cpu demo measures it
+# eagerly at its own size (about 5 s of CPU; compiling would cost minutes); elsewhere the
+# section names the command (scripts.bench --bench infer, or gpu_check's infer section).
+REPORT_ARGS=()
+if [ "$MODE" = cpu ] && python -m scripts.bench --bench infer --variants residual hc hc_identity mhc mhc_lite kromhc \
+        --depth 4 --aspect-ratio 32 --head-dim 32 --vocab-size 4096 --window-pattern L --prefill-lens 128 \
+        --infer-batches 1 --prompt-len 96 --new-tokens 32 --modes eager --warmup 1 --reps 3 \
+        --out "$NANOCHAT_BASE_DIR/infer_bench.json" > "$NANOCHAT_BASE_DIR/infer_bench.log" 2>&1; then
+    REPORT_ARGS=(--infer-bench "$NANOCHAT_BASE_DIR/infer_bench.json")
+fi
+
 # ---- the report: tables and figures beside the paper's numbers
-python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "${CONFIGS[@]}" --out report
+python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "${CONFIGS[@]}" --out report "${REPORT_ARGS[@]}"
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "speedrun: report/README.md written; ${#FAILED[@]} run(s) failed (logs in $NANOCHAT_BASE_DIR/logs):" >&2
     printf '  %s\n' "${FAILED[@]}" >&2

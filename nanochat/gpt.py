@@ -113,6 +113,55 @@ class KVCache:
         return self.k[layer_idx, :, :, :t1], self.v[layer_idx, :, :, :t1]
 
 
+class StaticKVCache:
+    """Keys and values of every layer in buffers of fixed shape (B, H_kv, max_len, D), the
+    position a 0-d tensor: every decode step sees the same shapes and the same storage, so
+    one compiled graph serves all steps and CUDA graphs can replay it (nanochat/engine.py).
+    Each query attends over the whole buffer through a mask from the positions (the slots
+    not yet written are masked out): max_len keys per step instead of pos, the price of
+    static shapes. Rows are unpadded (no padding_mask). The buffers are one tensor per layer,
+    written in place with index_copy_, so that a compiled step updates only the new slots."""
+
+    static = True
+
+    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype):
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        for t in (*self.k, *self.v, self.pos):
+            # the same storage on every call: a CUDA graph reads and writes it where it is
+            torch._dynamo.mark_static_address(t)
+
+    @property
+    def max_len(self):
+        # a tensor size, not an int attribute: dynamic under a compile with dynamic shapes,
+        # where an int would be specialized (a recompile per cache capacity)
+        return self.k[0].size(2)
+
+    def reset(self):
+        """Empty the cache for a new prompt (the old keys are masked out, not cleared)."""
+        self.pos.zero_()
+
+    def positions(self, t):
+        """Positions (t,) of the t tokens being added."""
+        return self.pos + torch.arange(t, device=self.pos.device)
+
+    def insert(self, layer_idx, k, v):
+        """Write k, v (B, H_kv, T, D) at the next T slots; return the whole buffers."""
+        slots = self.positions(k.size(2))
+        self.k[layer_idx].index_copy_(2, slots, k.to(self.k[layer_idx].dtype))
+        self.v[layer_idx].index_copy_(2, slots, v.to(self.v[layer_idx].dtype))
+        return self.k[layer_idx], self.v[layer_idx]
+
+    def mask(self, t, window):
+        """(t, max_len) bool: query i (at position pos + i) sees the written keys at most
+        `window` positions back, as `attention_mask`."""
+        q_pos = self.positions(t)[:, None]
+        k_pos = torch.arange(self.max_len, device=self.pos.device)[None, :]
+        return (k_pos <= q_pos) & (q_pos - k_pos <= window)
+
+
 def attention_mask(t_q, t_k, window, device, key_mask=None):
     """(mask, is_causal) for SDPA, queries being the last t_q of t_k positions: causal, and
     each query sees at most `window` earlier keys. SDPA's is_causal aligns the triangle to
@@ -241,7 +290,10 @@ class CausalSelfAttention(nn.Module):
             # blocks to skip.
             if kv_cache is not None:
                 k, v = kv_cache.insert(self.layer_idx, k, v)
-            y = sdpa_attend(q, k, v, window, gqa, key_mask)
+            if getattr(kv_cache, "static", False):
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv_cache.mask(T, window), enable_gqa=gqa)
+            else:
+                y = sdpa_attend(q, k, v, window, gqa, key_mask)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -413,10 +465,19 @@ class GPT(nn.Module):
         """padding_mask: for left-padded batches, (B, t0 + T) bool over the cached and the new
         tokens, False at padding; positions then count each row's real tokens."""
         B, T = idx.shape
-        t0 = kv_cache.pos if kv_cache is not None else 0
-        if t0 + T > self.rotary_len:
-            raise ValueError(f"sequence of {t0 + T} tokens exceeds the rotary table ({self.rotary_len})")
-        if padding_mask is None:
+        static = getattr(kv_cache, "static", False)
+        # A static cache's position is a tensor (no host sync, no recompile per step): its
+        # capacity is checked instead, once, against the rotary table.
+        t0 = kv_cache.pos if kv_cache is not None and not static else 0
+        end = kv_cache.max_len if static else t0 + T
+        if end > self.rotary_len:
+            raise ValueError(f"sequence of {end} tokens exceeds the rotary table ({self.rotary_len})")
+        if static:
+            if padding_mask is not None:
+                raise ValueError("a StaticKVCache takes unpadded rows; use KVCache with padding_mask")
+            pos = kv_cache.positions(T)
+            cos, sin = self.cos[:, pos], self.sin[:, pos]
+        elif padding_mask is None:
             cos, sin = self.cos[:, t0:t0 + T], self.sin[:, t0:t0 + T]
         else:
             if padding_mask.shape != (B, t0 + T):
@@ -462,18 +523,20 @@ class GPT(nn.Module):
     # ----- inference -----
 
     @torch.inference_mode()
-    def generate(self, tokens, max_tokens, temperature=1.0, top_k=None, seed=42):
+    def generate(self, tokens, max_tokens, temperature=1.0, top_k=None, seed=42, steps=None):
         """Yield up to max_tokens new token ids after the prompt `tokens` (a list of ints):
-        one prefill of the prompt, then one token per step through the KV cache."""
+        one prefill of the prompt, then one token per step through a StaticKVCache.
+        `steps` supplies the cache and the forward (`cache(batch, length)`, `step(ids, cache)`
+        -> logits); by default this model, eagerly (nanochat/engine.py: compiled)."""
         if not tokens:
             raise ValueError("generate needs a non-empty prompt (e.g. the BOS token)")
+        steps = steps or EagerSteps(self)
         device = self.lm_head.weight.device
         rng = torch.Generator(device=device).manual_seed(seed)
-        cache = KVCache(1, self.config.n_layer, self.config.n_kv_head, self.head_dim,
-                        len(tokens) + max_tokens, device, self.activation_dtype(torch.empty(0, device=device)))
+        cache = steps.cache(1, len(tokens) + max_tokens)
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         for _ in range(max_tokens):
-            logits = self.forward(ids, kv_cache=cache)[:, -1, :]
+            logits = steps.step(ids, cache)[:, -1, :]
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -484,6 +547,23 @@ class GPT(nn.Module):
                 next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=rng)
             ids = next_id
             yield int(next_id.item())
+
+
+class EagerSteps:
+    """Generation's cache and forward, eagerly: a StaticKVCache of exactly the length asked
+    for (a new one per call), and the model's forward."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def cache(self, batch_size, length):
+        m = self.model
+        dtype = m.activation_dtype(torch.empty(0, device=m.lm_head.weight.device))
+        return StaticKVCache(batch_size, m.config.n_layer, m.config.n_kv_head, m.head_dim, length,
+                             m.lm_head.weight.device, dtype)
+
+    def step(self, ids, cache):
+        return self.model(ids, kv_cache=cache)
 
 
 def model_config_from_depth(depth, vocab_size, sequence_len, aspect_ratio=64, head_dim=128,

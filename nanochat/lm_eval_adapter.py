@@ -15,9 +15,11 @@ context on `prefix_token_id`, here <|bos|> too.
   <|bos|> (nanochat's document separator, its end of text) or as soon as the text holds a
   stop string, which is then cut off.
 
-max_length is the training context (config.sequence_len), also what the exported model
-declares to lm-eval's own `hf` model. Under torchrun, lm-eval gives each rank its share of
-the documents and gathers the results on rank 0 through the primitives below.
+`model` is a GPT or, as scripts.lm_eval passes it, an `engine.Inference` over one (compiled
+scoring and generation with --compile). max_length is the training context
+(config.sequence_len), also what the exported model declares to lm-eval's own `hf` model.
+Under torchrun, lm-eval gives each rank its share of the documents and gathers the results
+on rank 0 through the primitives below.
 """
 
 import contextlib

@@ -9,6 +9,13 @@ evaluating an older checkpoint never overwrites the evaluation of the latest one
 
 CORE needs every task of the bundle's core.yaml unless --tasks restricts them; --tasks
 available takes every task whose file is present and reports a partial CORE.
+
+--compile (default on CUDA) runs every evaluation through torch.compile (nanochat/engine.py):
+CORE and bpb through one forward compiled with dynamic shapes (a few graphs, not one per
+prompt length), samples through a compiled prefill and a decode step replayed as a CUDA
+graph. Scores equal the eager ones up to float rounding. On the CPU compiling costs ~30 s
+per graph on a small machine, so it pays only for long evaluations (--no-compile there by
+default). If compilation fails, one warning line and the evaluation finishes eagerly.
 """
 
 import argparse
@@ -17,6 +24,7 @@ import csv
 import io
 import json
 import os
+import time
 
 import torch
 
@@ -24,6 +32,7 @@ from nanochat import checkpoint, watchdog
 from nanochat.cli import choice, existing_dir, positive_int, resolve_run_dir, run, run_dir_flags
 from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
+from nanochat.engine import COMPILE_HELP, Inference, compile_default
 from nanochat.loss_eval import evaluate_bpb
 
 # nanochat's fixed prompts for greedy samples (source: nanochat scripts/base_loss.py)
@@ -62,6 +71,7 @@ def build_parser():
     p.add_argument("--split-tokens", type=positive_int(), default=40 * 524288,
                    help="bpb: tokens per split (rounded down to whole rows of the model's context; at most one "
                         "pass: a smaller split is evaluated whole; the same rows on any number of ranks)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     p.add_argument("--device-type", type=choice("", "cuda", "cpu", "mps"), default="",
                    help="cuda|cpu|mps (empty: autodetect)")
     return p
@@ -132,7 +142,10 @@ def main(argv=None):
     if args.max_seq_len is not None and args.max_seq_len > model.rotary_len:
         raise SystemExit(f"error: --max-seq-len {args.max_seq_len} exceeds the {model.rotary_len} tokens the model "
                          "accepts; lower it or leave it out")
-    print0(f"Evaluating {args.run_dir} at step {step} on {device} ({dtype}, world size {info.world_size})")
+    use_compile = args.compile if args.compile is not None else compile_default(device.type)
+    runner = Inference(model, compile=use_compile)
+    print0(f"Evaluating {args.run_dir} at step {step} on {device} ({dtype}, world size {info.world_size}, "
+           f"{'compiled' if use_compile else 'eager'})")
     results = {"step": step}
 
     if "sample" in args.evals and info.master:
@@ -141,11 +154,11 @@ def main(argv=None):
         with autocast:
             for prompt in PROMPTS:
                 tokens = tokenizer.encode(prompt, prepend=bos)
-                completion = tokenizer.decode(list(model.generate(tokens, max_tokens=16, temperature=0)))
+                completion = tokenizer.decode(list(runner.generate(tokens, max_tokens=16, temperature=0)))
                 samples["greedy"].append({"prompt": prompt, "completion": completion})
                 print0(f"{prompt}|{completion}")
             for seed in range(4):
-                text = tokenizer.decode(list(model.generate([bos], max_tokens=64, temperature=1.0, seed=seed)))
+                text = tokenizer.decode(list(runner.generate([bos], max_tokens=64, temperature=1.0, seed=seed)))
                 samples["temperature"].append({"temperature": 1.0, "seed": seed, "text": text})
                 print0("-" * 80 + f"\n{text}")
         results["samples"] = samples
@@ -163,7 +176,7 @@ def main(argv=None):
             # number whatever the number of ranks; one pass at most (a smaller split is read whole).
             rows = SplitRows(tokenizer, T, split, max_rows, info.rank, info.world_size, data_dir)
             with autocast:
-                result = evaluate_bpb(model, rows.batches(B, device), rows.num_batches(B), token_bytes)
+                result = evaluate_bpb(runner, rows.batches(B, device), rows.num_batches(B), token_bytes)
             results["bpb"][split], results["bpb_tokens"][split] = result.bpb, result.tokens
             whole = f", the whole {split} split: it holds less than --split-tokens" if rows.exhausted else ""
             print0(f"{split} bpb: {result.bpb:.6f} ({result.tokens:,} tokens{whole})")
@@ -171,12 +184,15 @@ def main(argv=None):
 
     if "core" in args.evals:
         max_seq_len = args.max_seq_len if args.max_seq_len is not None else model.rotary_len
+        t0 = time.time()
         with autocast:
-            core = evaluate_core(model, tokenizer, device, bundle, max_per_task=args.max_per_task,
+            core = evaluate_core(runner, tokenizer, device, bundle, max_per_task=args.max_per_task,
                                  tasks=args.tasks, max_seq_len=max_seq_len)
+        core_seconds = time.time() - t0
         ref_path = os.path.join(bundle, "openai-community-gpt2.csv")
         reference = read_reference_csv(ref_path) if os.path.isfile(ref_path) else None
         print_core(core, reference)
+        print0(f"CORE took {core_seconds:.1f} s ({'compiled' if use_compile else 'eager'})")
         if info.master:
             record = {
                 "core_metric": core["core_metric"],
@@ -185,7 +201,9 @@ def main(argv=None):
                 "settings": {"bundle": os.path.abspath(bundle), "tasks": args.tasks, "max_per_task": args.max_per_task,
                              "max_seq_len": max_seq_len, "dtype": str(dtype).removeprefix("torch."), "step": step,
                              "run_dir": os.path.abspath(args.run_dir), "world_size": info.world_size,
-                             "tasks_missing": core["tasks_missing"]},
+                             "tasks_missing": core["tasks_missing"], "compile": use_compile,
+                             "compile_fallback": runner.fallback, "graphs": runner.graphs(),
+                             "seconds": round(core_seconds, 1)},
             }
             checkpoint.atomic_write(os.path.join(args.run_dir, f"core{suffix}.json"), json.dumps(record, indent=2) + "\n")
             checkpoint.atomic_write(os.path.join(args.run_dir, f"core{suffix}.csv"), core_table(core))
@@ -193,8 +211,12 @@ def main(argv=None):
 
     if info.master and ("bpb" in results or "samples" in results):
         results["settings"] = {"dtype": str(dtype).removeprefix("torch."), "world_size": info.world_size,
+                               "compile": use_compile, "compile_fallback": runner.fallback,
                                "run_dir": os.path.abspath(args.run_dir)}
         checkpoint.atomic_write(os.path.join(args.run_dir, f"eval{suffix}.json"), json.dumps(results, indent=2) + "\n")
+    if use_compile:
+        print0(f"compiled graphs: {runner.graphs()}" + (f" (fell back to eager: {runner.fallback})"
+                                                        if runner.fallback else ""))
     compute_cleanup()
 
 

@@ -40,6 +40,13 @@ Memory, measured in one extra step after the timing:
   peak    CUDA only: torch.cuda.max_memory_allocated over one step minus what was
           allocated before it (activations, gradients, workspaces).
 
+Inference (--bench infer, or prefill / decode alone; scripts/bench_infer.py): prefill
+tokens/s at --prefill-lens (default 128 512 2048) and decode ms per token (--new-tokens 128
+after a --prompt-len 512 prompt) at --infer-batches (default 1 8), through the KV cache as
+evaluation and generation run it, in every mode of --modes (eager, compiled, and on CUDA
+cudagraphs: decode steps replayed as CUDA graphs; default: eager,compiled on the CPU, all
+three on CUDA), with x residual, x mhc and x eager in the same run.
+
 On this CPU (eager fp32, one thread by default):
   python -m scripts.bench --bench model --depth 4 --head-dim 64 --seq-len 256 --batch 4 --vocab-size 4096
   python -m scripts.bench --bench layer --width 384 --seq-len 512 --batch 4
@@ -48,6 +55,9 @@ On a GPU (bf16 autocast by default on CUDA):
   python -m scripts.bench --device cuda --compile --depth 12 --seq-len 2048 --batch 16 --recompute both
   python -m scripts.bench --device cuda --compile --bench layer --width 768 --seq-len 2048 --batch 32 \
       --variants residual hc_identity mhc kromhc --hc-kernels torch,liger
+  python -m scripts.bench --bench infer --device cuda --depth 12 --head-dim 128 --vocab-size 32768 --out infer.json
+  python -m scripts.bench --bench infer --depth 4 --aspect-ratio 32 --head-dim 32 --prefill-lens 128 512 \
+      --infer-batches 1 --reps 3          # the CPU demo's size
 """
 
 import argparse
@@ -57,6 +67,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 
@@ -69,10 +80,12 @@ from nanochat.common import device_name, synchronize, text_table
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
+from scripts import bench_infer
 
 VARIANTS = tuple(connections.VARIANTS)
 STREAMLESS = ("residual", "attnres")  # one state of C: no --streams, no recompute
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+INFER_BENCHES = ("infer", "prefill", "decode")
 
 
 def build_parser():
@@ -93,7 +106,17 @@ def build_parser():
     p.add_argument("--hc-pre", type=choice_list(PRES), default=["current"], metavar="P[,P]",
                    help="pre-weights of the HC variants to compare: current (the paper), delayed (DeepSeek-V4.1), "
                         "or current,delayed (default current)")
-    p.add_argument("--bench", choices=("layer", "model", "both"), default="both")
+    p.add_argument("--bench", choices=("layer", "model", "both", *INFER_BENCHES), default="both",
+                   help="layer, model or both (training: forward + backward); infer, prefill or decode (inference)")
+    p.add_argument("--prefill-lens", type=positive_int(), nargs="+", default=[128, 512, 2048], metavar="T",
+                   help="inference: prompt lengths of the prefill benchmark (default 128 512 2048)")
+    p.add_argument("--infer-batches", type=positive_int(), nargs="+", default=[1, 8], metavar="B",
+                   help="inference: rows per prefill / decode step (default 1 8)")
+    p.add_argument("--prompt-len", type=positive_int(), default=512, help="decode: prompt length (default 512)")
+    p.add_argument("--new-tokens", type=positive_int(), default=128, help="decode: tokens generated (default 128)")
+    p.add_argument("--modes", type=choice_list(bench_infer.MODES), default=None, metavar="M[,M]",
+                   help="inference: eager, compiled, cudagraphs (CUDA); default eager,compiled on the CPU, all "
+                        "three on CUDA")
     p.add_argument("--branch", choices=("linear", "scale"), default="linear", help="the layer benchmark's F")
     p.add_argument("--batch", type=positive_int(), default=4, help="B, sequences per step (default 4)")
     p.add_argument("--seq-len", type=positive_int(), default=256, help="T (default 256)")
@@ -115,7 +138,7 @@ def build_parser():
     p.add_argument("--warmup", type=nonneg_int(), default=3, help="untimed steps per variant (default 3)")
     p.add_argument("--reps", type=positive_int(), default=10, help="timed steps per variant (default 10)")
     p.add_argument("--seed", type=nonneg_int(), default=0)
-    p.add_argument("--out", default="", help="write the results as JSON to this path")
+    p.add_argument("--out", "--json", dest="out", default="", help="write the results as JSON to this path")
     return p
 
 
@@ -415,17 +438,25 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     device, dtype = resolve_device(args)
     autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    benches = ["layer", "model"] if args.bench == "both" else [args.bench]
-    results = []
-    for bench in benches:
-        rows = run_bench(args, bench, device, dtype, autocast)
-        print_table(rows, bench, args)
-        results += rows
-    print(f"\n{device.type} {str(dtype).replace('torch.', '')}, {'compiled' if args.compile else 'eager'}, "
+    if args.bench in INFER_BENCHES:
+        kinds = ["prefill", "decode"] if args.bench == "infer" else [args.bench]
+        results = bench_infer.run_infer(args, kinds, device, dtype, autocast, sys.modules[__name__])
+        bench_infer.print_infer(results, args, model_width(args), fmt)
+        how = ",".join(args.modes or bench_infer.default_modes(device))
+    else:
+        benches = ["layer", "model"] if args.bench == "both" else [args.bench]
+        results = []
+        for bench in benches:
+            rows = run_bench(args, bench, device, dtype, autocast)
+            print_table(rows, bench, args)
+            results += rows
+        how = "compiled" if args.compile else "eager"
+    print(f"\n{device.type} {str(dtype).replace('torch.', '')}, {how}, "
           f"{args.threads} thread(s), {args.reps} reps after {args.warmup} warm-up; spread = IQR / median")
     if args.out:
         env = {"torch": torch.__version__, "device": device.type, "dtype": str(dtype).replace("torch.", ""),
-               "compile": args.compile, "threads": args.threads, "platform": platform.platform(),
+               "compile": args.compile if args.bench not in INFER_BENCHES else how, "threads": args.threads,
+               "platform": platform.platform(),
                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                "device_name": device_name(device)}
         with open(args.out, "w") as f:

@@ -26,6 +26,11 @@ run still leaves what it measured):
              paper's, mHC and KromHC, whole model at the first depth: time and the kernels
              Inductor generates for each (what fusing the post mix of one layer with the next
              layer's projection and pre mix buys on this GPU)
+  infer      inference of every variant (scripts.bench --bench infer): prefill tokens/s at
+             T = 2048 and decode ms per token (128 tokens after a 512-token prompt), batch 1
+             and 8, eager vs compiled vs CUDA graphs (decode steps replayed), at D = 6 with
+             ratios to residual, to mHC and to eager. Last, so the budget may leave it for a
+             second call (--sections infer)
 Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized for
 10 minutes on one H100, most of it compilation (18 compiled models): D12 runs before D6,
 and no new case starts after --time-budget seconds (default 540); what is left is listed
@@ -52,9 +57,9 @@ import torch
 from nanochat import gpt
 from nanochat.cli import positive_int, run
 from nanochat.common import get_peak_flops, text_table
-from scripts import bench
+from scripts import bench, bench_infer
 
-SECTIONS = ("env", "attention", "model", "grads", "train", "kernels", "pre")
+SECTIONS = ("env", "attention", "model", "grads", "train", "kernels", "pre", "infer")
 VARIANTS = bench.VARIANTS
 FULL_CAUSAL = "residual (full causal)"
 
@@ -64,13 +69,15 @@ PROFILES = {
                 attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
                 train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
                        "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000,
-                kernel_layer=dict(batch=32, seq_len=2048, width=768)),
+                kernel_layer=dict(batch=32, seq_len=2048, width=768),
+                infer=dict(depth=6, prefill_lens=[2048], batches=[1, 8], prompt_len=512, new_tokens=128)),
     "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
                  attn=dict(B=1, H=2, T=256, D=16), layer=dict(batch=2, seq_len=16, width=32),
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
                         "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600,
-                 kernel_layer=dict(batch=2, seq_len=16, width=32)),
+                 kernel_layer=dict(batch=2, seq_len=16, width=32),
+                 infer=dict(depth=1, prefill_lens=[16], batches=[1, 2], prompt_len=8, new_tokens=4)),
 }
 
 
@@ -335,6 +342,23 @@ def pre_section(prof, variants, device, dtype, autocast, compile_model, budget):
     return rows
 
 
+def infer_section(prof, variants, device, dtype, autocast, budget):
+    """scripts.bench --bench infer over every variant: eager, compiled and (CUDA) CUDA graphs;
+    eager only without CUDA (a compiled graph costs minutes on a small CPU)."""
+    if not budget.allows("infer"):
+        return []
+    size = prof["infer"]
+    modes = "eager,compiled,cudagraphs" if device.type == "cuda" else "eager"
+    argv = ["--bench", "infer", "--depth", str(size["depth"]), "--aspect-ratio", str(prof["aspect"]),
+            "--head-dim", str(prof["head_dim"]), "--vocab-size", str(prof["vocab"]), "--streams", "4",
+            "--prefill-lens", *map(str, size["prefill_lens"]), "--infer-batches", *map(str, size["batches"]),
+            "--prompt-len", str(size["prompt_len"]), "--new-tokens", str(size["new_tokens"]),
+            "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]), "--modes", modes, "--variants", *variants]
+    torch._dynamo.reset()
+    args = bench.parse_args(argv)
+    return bench_infer.run_infer(args, ["prefill", "decode"], device, dtype, autocast, bench)
+
+
 def generated_documents(count, seed=0):
     rng = random.Random(seed)
     # A few thousand pseudo-words give the tokenizer something to merge beyond digits.
@@ -478,6 +502,18 @@ def markdown(result):
                              f"{r['time_vs_current']:.3f}", _f(r.get("compiled_kernels"), "d")]
                             for r in result["pre"]]),
                   "", "kernels generated: by Inductor for the compiled forward and backward (none uncompiled)."]
+    if result.get("infer"):
+        r0 = result["infer"][0]
+        lines += ["", "## Inference: prefill and decode through the KV cache", "",
+                  md_table(["bench", "variant", "mode", "B", "T", "median ms", "spread", "tok/s", "ms/token",
+                            "x residual", "x mhc", "x eager", "peak MiB"],
+                           [[r["bench"], r["variant"], r["mode"] + (" (fell back)" if r["fallback"] else ""),
+                             r["batch"], r["seq_len"], f"{r['median_ms']:.3f}", f"{r['spread_pct']:.1f}%",
+                             f"{r['tokens_per_s']:,.0f}", _f(r.get("ms_per_token"), ".3f"),
+                             _f(r["time_vs_residual"], ".3f"), _f(r["time_vs_mhc"], ".3f"),
+                             _f(r["time_vs_eager"], ".3f"), _f(r["peak_mib"], ",.0f")] for r in result["infer"]]),
+                  "", f"Decode: {r0.get('new_tokens') or result['sizes']['infer']['new_tokens']} new tokens after the "
+                  "T-token prompt; cudagraphs: compiled, decode steps replayed as CUDA graphs (nanochat/engine.py)."]
     if result.get("train"):
         lines += ["", "## base_train on a generated corpus", "",
                   md_table(["variant", "steps", "ok", "loss first -> last", "val bpb", "tok/s", "step s", "wall s"],
@@ -530,6 +566,7 @@ def main(argv=None):
         "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
         "kernels": lambda: kernels_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
         "pre": lambda: pre_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
+        "infer": lambda: infer_section(prof, args.variants, device, dtype, autocast, budget),
     }
     for name in SECTIONS[1:]:
         if name not in args.sections:

@@ -42,6 +42,9 @@ def build_parser():
                         "perplexity; lm-eval's default). 0: lm-eval computes no standard error at all")
     p.add_argument("--check-data", action="store_true",
                    help="only load the tasks' data (download it into the Hugging Face cache) and exit")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the scoring forward and generation (nanochat/engine.py); default: on for "
+                        "CUDA, off elsewhere. A failed compilation falls back to eager with one warning")
     p.add_argument("--device-type", type=choice("", "cuda", "cpu", "mps"), default="",
                    help="cuda|cpu|mps (empty: autodetect)")
     return p
@@ -81,6 +84,7 @@ def main(argv=None):
 
     from nanochat import checkpoint
     from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
+    from nanochat.engine import Inference, compile_default
     from nanochat.lm_eval_adapter import NanochatLM
     from nanochat.tokenizer import check_vocab, get_tokenizer
 
@@ -96,8 +100,9 @@ def main(argv=None):
     step = meta["step"]
     print0(f"lm-eval on {run_dir} at step {step}: {', '.join(tasks)} ({device}, {dtype}, world size "
            f"{info.world_size})")
-    lm = NanochatLM(model, tokenizer, device, batch_size=args.batch_size, autocast=autocast, rank=info.rank,
-                    world_size=info.world_size)
+    use_compile = args.compile if args.compile is not None else compile_default(device.type)
+    lm = NanochatLM(Inference(model, compile=use_compile), tokenizer, device, batch_size=args.batch_size,
+                    autocast=autocast, rank=info.rank, world_size=info.world_size)
     results = lm_eval_run.evaluate(lm, tasks, manager, num_fewshot=args.num_fewshot, limit=args.limit,
                                    bootstrap_iters=args.bootstrap_iters)
     if info.master:
@@ -105,6 +110,7 @@ def main(argv=None):
                     "batch_size": args.batch_size, "max_length": lm.max_length,
                     "include_path": args.include_path and os.path.abspath(args.include_path),
                     "dtype": str(dtype).removeprefix("torch."), "world_size": info.world_size,
+                    "compile": use_compile, "compile_fallback": lm.model.fallback,
                     "run_dir": os.path.abspath(run_dir)}
         record = lm_eval_run.record(results, settings)
         print_results(record)

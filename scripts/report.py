@@ -10,10 +10,12 @@ run directory; with --runs-root, only those); runs not there yet still appear, m
 """
 
 import argparse
+import json
 from pathlib import Path
 
 from nanochat.cli import existing_path, run
 from nanochat.report.build import write_report
+from nanochat.report.cost import load_infer_bench
 from nanochat.report.runs import config_files, discover_runs, load_run, read_config
 
 
@@ -30,6 +32,9 @@ def build_parser():
                              "marked not found when absent; with --runs-root, only these")
     parser.add_argument("--reference", default="residual",
                         help="run name or variant the loss-gap figures subtract (default: residual)")
+    parser.add_argument("--infer-bench", metavar="FILE", type=existing_path,
+                        help="JSON of `python -m scripts.bench --bench infer --out FILE`: the inference rows of the "
+                             "report's Cost section (without it they are marked not measured)")
     parser.add_argument("--out", default="report", help="output directory (default: report)")
     return parser
 
@@ -68,7 +73,12 @@ def collect_runs(args):
 def main(argv=None):
     args = parse_args(argv)
     runs = collect_runs(args)
-    readme = write_report(runs, args.out, reference=args.reference)
+    try:
+        bench = load_infer_bench(args.infer_bench)
+    except (ValueError, KeyError, json.JSONDecodeError) as e:
+        raise SystemExit(f"error: --infer-bench {args.infer_bench}: {e}; write it with python -m scripts.bench "
+                         "--bench infer --out FILE") from None
+    readme = write_report(runs, args.out, reference=args.reference, infer_bench=bench)
     found = sum(r.found for r in runs)
     print(f"wrote {readme} from {found} run(s)" + (f"; {len(runs) - found} not found" if found < len(runs) else ""))
 

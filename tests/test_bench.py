@@ -117,3 +117,34 @@ def test_bad_input_is_one_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(TINY + argv)
     assert message in str(exc.value) + capsys.readouterr().err
+
+
+def test_infer_bench_has_every_variant_and_ratios_from_its_own_timings(tmp_path):
+    """--bench infer at tiny sizes, eager (the compiled path is tests/test_engine.py's): a
+    prefill row per variant, length and batch, a decode row per variant and batch, each
+    with ratios to residual, mhc and eager computed from the same run."""
+    out = tmp_path / "infer.json"
+    bench.main(TINY + ["--bench", "infer", "--prefill-lens", "8", "12", "--infer-batches", "1", "2", "--prompt-len", "6",
+                       "--new-tokens", "3", "--reps", "2", "--modes", "eager", "--json", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert {(r["bench"], r["variant"], r["batch"], r["seq_len"]) for r in rows} == (
+        {("prefill", v, b, t) for v in bench.VARIANTS for b in (1, 2) for t in (8, 12)}
+        | {("decode", v, b, 6) for v in bench.VARIANTS for b in (1, 2)})
+    assert report["env"]["compile"] == "eager" and report["args"]["new_tokens"] == 3
+    for r in rows:
+        peers = [p for p in rows if (p["bench"], p["batch"], p["seq_len"]) == (r["bench"], r["batch"], r["seq_len"])]
+        base = next(p for p in peers if p["variant"] == "residual")
+        mhc = next(p for p in peers if p["variant"] == "mhc")
+        assert r["time_vs_residual"] == pytest.approx(r["median_ms"] / base["median_ms"])
+        assert r["time_vs_mhc"] == pytest.approx(r["median_ms"] / mhc["median_ms"])
+        assert r["time_vs_eager"] == 1.0 and r["fallback"] is None and r["peak_mib"] is None
+        tokens = r["batch"] * (3 if r["bench"] == "decode" else r["seq_len"])
+        assert r["tokens_per_s"] == pytest.approx(tokens / (r["median_ms"] / 1e3))
+        if r["bench"] == "decode":
+            assert r["ms_per_token"] == pytest.approx(r["median_ms"] / 3) and r["new_tokens"] == 3
+
+
+def test_infer_bench_refuses_cuda_graphs_without_cuda():
+    with pytest.raises(SystemExit, match="cudagraphs needs --device cuda"):
+        bench.main(TINY + ["--bench", "decode", "--modes", "eager,cudagraphs", "--variants", "residual"])

@@ -575,6 +575,7 @@ def test_cli_evaluates_a_tiny_model_on_every_available_task(tiny_run):
     assert core["partial"] is True and core["settings"]["tasks_missing"] == absent
     assert core["settings"]["max_per_task"] == 11 and core["settings"]["step"] == 5
     assert core["settings"]["dtype"] == "float32" and core["settings"]["max_seq_len"] == 320  # 10 x sequence_len
+    assert core["settings"]["compile"] is False and core["settings"]["graphs"] == 0  # eager: the CPU's default
     baselines = {m["label"]: m["random_baseline"] for m in metas}
     for label, t in core["tasks"].items():
         assert t["examples"] == 11 and t["accuracy"] in {k / 11 for k in range(12)}

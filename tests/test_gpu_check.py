@@ -64,6 +64,8 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
 
     assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
     assert "## Stream kernels: torch vs liger" in md
+    assert {r["variant"] for r in result["infer"]} == set(bench.VARIANTS)
+    assert "## Inference: prefill and decode" in md
     assert "wrote" in capsys.readouterr().out
 
 
@@ -116,3 +118,19 @@ def test_pre_section_times_delayed_beside_current(tmp_path):
     assert [(r["variant"], r["pre"]) for r in result["pre"]] == [("kromhc", "current"), ("kromhc", "delayed")]
     assert result["pre"][0]["time_vs_current"] == 1.0 and result["pre"][1]["time_vs_current"] > 0
     assert "## Delayed pre-weights (--hc-pre)" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_infer_section_measures_every_variant(tmp_path):
+    """Without CUDA: eager prefill and decode of every variant (compiled graphs would cost
+    minutes on a small CPU), with the ratios to residual in the JSON and the markdown."""
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "infer"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = result["infer"]
+    assert result["errors"] == []
+    assert {(r["bench"], r["variant"], r["batch"]) for r in rows} == {
+        (kind, v, b) for kind in ("prefill", "decode") for v in bench.VARIANTS for b in (1, 2)}
+    assert {r["mode"] for r in rows} == {"eager"}
+    for r in rows:
+        base = next(p for p in rows if (p["bench"], p["variant"], p["batch"]) == (r["bench"], "residual", r["batch"]))
+        assert r["time_vs_residual"] == pytest.approx(r["median_ms"] / base["median_ms"])
+    assert "## Inference: prefill and decode through the KV cache" in (tmp_path / "gpu_check.md").read_text()

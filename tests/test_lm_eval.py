@@ -199,6 +199,7 @@ def test_cli_writes_lm_eval_json(setup):
     record = json.loads((run_dir / "lm_eval.json").read_text())
     assert record["versions"] == {"lm_eval": lm_eval.__version__, "tasks": {"toy_mc": 1.0, "toy_ppl": 1.0}}
     assert record["settings"] | {"limit": 3, "num_fewshot": 1, "step": 10, "world_size": 1} == record["settings"]
+    assert record["settings"]["compile"] is False and record["settings"]["compile_fallback"] is None  # CPU default
     assert record["n_samples"]["toy_mc"] == {"original": len(MC), "effective": 3}
     acc = record["results"]["toy_mc"]["acc"]
     assert 0 <= acc["value"] <= 1 and acc["stderr"] is not None

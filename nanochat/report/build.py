@@ -17,6 +17,7 @@ from nanochat.report.figures import plot_curves, plot_gap, plot_grad_norms, plot
 from nanochat.report.beyond import beyond_table
 from nanochat.report.cm_section import cm_section
 from nanochat.report.collapse import collapse_section
+from nanochat.report.cost import cost_section
 from nanochat.report.harness import harness_section
 from nanochat.report.runs import beyond_paper, is_default_factors, is_main, method_order, seed_groups
 from nanochat.report.seeds import seed_table, task_sentence
@@ -33,8 +34,9 @@ def select_reference(group, reference):
     return found[0] if found else None
 
 
-def write_report(runs, out_dir, reference="residual", notes=()):
-    """Write out_dir/README.md and the figures beside it; return the README path."""
+def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None):
+    """Write out_dir/README.md and the figures beside it; return the README path.
+    infer_bench: an inference benchmark (nanochat.report.cost.load_infer_bench) or None."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     found = [r for r in runs if r.found]
@@ -139,6 +141,8 @@ def write_report(runs, out_dir, reference="residual", notes=()):
         text = system_table(paper_runs, depth)
         if text:
             parts += [f"### D={depth}", text]
+
+    parts += ["## Cost: training and inference (not in the paper)", cost_section(runs, depths, infer_bench)]
 
     parts += [f"## Parameters per HC layer against n ({paper.PARAMS_VS_N_FIGURE})",
               f"C = {paper.PARAMS_VS_N_C}, KromHC factors all 2, with the RMSNorm weight "
