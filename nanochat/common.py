@@ -147,6 +147,15 @@ _PEAK_FLOPS = [
 ]
 
 
+def device_name(device):
+    """The accelerator's model name (CUDA), else the CPU's: wall-clock comparisons between runs
+    hold only on the same name and count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return platform.processor() or platform.machine() or device.type
+
+
 def peak_flops_for(name):
     """Peak bf16 FLOP/s of a GPU by its name (torch's or nvidia-smi's), or inf when unknown."""
     for key, flops in _PEAK_FLOPS:

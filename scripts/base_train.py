@@ -36,8 +36,8 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat import preempt, preflight, watchdog  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liger  # noqa: E402
-from nanochat.common import (compute_cleanup, compute_dtype, compute_init, get_peak_flops,  # noqa: E402
-                             peak_memory_mib, print0)
+from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
+                             get_peak_flops, peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import (FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, model_config_for,  # noqa: E402
@@ -231,8 +231,11 @@ def main(argv=None):
     values["model_tag"] = model_tag
 
     # ---- resume or fresh start
+    # Cumulative over the whole run (a resume continues them from the checkpoint): tokens over all
+    # ranks, training FLOPs (estimate_flops per token x tokens) and seconds spent in steps only.
     start_step, loop = 0, {"smooth_train_loss": 0.0, "total_training_time": 0.0, "min_val_bpb": float("inf"),
-                           "val_bpb": None, "core_metric": None, "step_times": [], "tokens_per_sec": []}
+                           "val_bpb": None, "core_metric": None, "step_times": [], "tokens_per_sec": [],
+                           "tokens": 0, "flops": 0.0, "train_seconds": 0.0}
     resume_meta = None
     if args.resume:
         step = ckpt.latest_step(run_dir)
@@ -331,6 +334,10 @@ def main(argv=None):
         # training draws no random numbers; a new rank takes an old one's state all the same
         ckpt.restore_rng_state(resume_meta["ranks"][info.rank % saved_world]["rng"])
         loop.update(resume_meta["loop"])
+        if "tokens" not in loop:  # a checkpoint from before the compute records: rebuilt from its step
+            loop.update(tokens=start_step * args.total_batch_size,
+                        flops=start_step * args.total_batch_size * flops_per_token,
+                        train_seconds=loop["total_training_time"])
         print0(f"resumed from step {start_step} of {run_dir}")
 
     try:
@@ -484,7 +491,8 @@ def main(argv=None):
             loop["val_bpb"] = bpb
             loop["min_val_bpb"] = min(loop["min_val_bpb"], bpb)
             print0(f"step {step:05d} | val bpb {bpb:.4f}")
-            log.log("val", step, bpb=bpb)
+            log.log("val", step, bpb=bpb, flops=loop["flops"], tokens=loop["tokens"],
+                    train_seconds=loop["train_seconds"])
         if args.core_metric_every > 0 and due(args.core_metric_every, step, last):
             out = evaluate_core()
             loop["core_metric"] = out["core_metric"]
@@ -550,6 +558,9 @@ def main(argv=None):
         beta = 0.9  # debiased EMA of the loss, as nanochat prints it
         loop["smooth_train_loss"] = beta * loop["smooth_train_loss"] + (1 - beta) * train_loss
         smooth = loop["smooth_train_loss"] / (1 - beta ** (step + 1))
+        loop["tokens"] += tokens_per_step
+        loop["flops"] += flops_per_token * tokens_per_step
+        loop["train_seconds"] += dt
         if step > 10:  # skip compile/warm-up steps in the timing statistics
             loop["total_training_time"] += dt
             loop["step_times"].append(dt)
@@ -610,7 +621,11 @@ def main(argv=None):
             "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
             "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
             "peak_mem_mib": peak_memory_mib(device), "world_size": info.world_size, "device": str(device.type),
-            "total_training_time": loop["total_training_time"],
+            "device_name": device_name(device), "total_training_time": loop["total_training_time"],
+            # What a compute multiplier reads (nanochat/compute_multiplier.py); FLOPs by
+            # GPT.estimate_flops' convention, seconds of training steps only and of the whole run.
+            "flops_per_token": flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
+            "train_seconds": loop["train_seconds"], "wall_seconds": elapsed_before + time.time() - t_start,
         }
         ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
         print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "

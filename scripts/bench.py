@@ -65,7 +65,7 @@ from torch import nn
 
 from nanochat import connections
 from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
-from nanochat.common import synchronize, text_table
+from nanochat.common import device_name, synchronize, text_table
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
@@ -425,7 +425,7 @@ def main(argv=None):
         env = {"torch": torch.__version__, "device": device.type, "dtype": str(dtype).replace("torch.", ""),
                "compile": args.compile, "threads": args.threads, "platform": platform.platform(),
                "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()}
+               "device_name": device_name(device)}
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "env": env, "width": model_width(args), "results": results}, f, indent=1)
         print(f"wrote {args.out}")

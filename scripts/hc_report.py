@@ -5,7 +5,8 @@ python -m scripts.hc_report --params [--depth D --streams N [--factors 2 2] [--w
 python -m scripts.hc_report --checkpoint RUN_DIR [--step N] [--random-tokens] [--batch-size 4]
 
 --params prints the model sizes beside the paper's (~60M, ~186M) for both layouts (nanochat at
-the pin; a 65,536 vocab without value embeddings), the paper's ΔParams column (n = 4, D = 6
+the pin; a 65,536 vocab without value embeddings), the FLOP convention's shares at D = 12, n = 4
+(connection projections counted, stream mixes and Sinkhorn not), the paper's ΔParams column (n = 4, D = 6
 and 12; go-mHC beside the paper's family), what the options beyond the paper add (LSS,
 learned head, delayed pre-weights), the variants beyond the family (go-mHC at s = 1..3,
 Frac-Connections, Block Attention Residuals), KromHC's width-n table (D = 12) and the
@@ -29,7 +30,7 @@ from nanochat.common import text_table
 from nanochat.connections.attnres import default_block_size
 from nanochat.connections.diagnostics import (HC_VARIANTS, NOT_APPLICABLE, OTHER_VARIANTS, attnres_read_params,
                                               collect_hc_stats, frac_layer_params, hc_layer_params, model_hc_params,
-                                              trunk_params)
+                                              stream_mix_flops, trunk_params)
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
 from nanochat.report import paper
 from nanochat.report.format import fmt
@@ -194,8 +195,33 @@ def model_size_table():
             + text_table(header, rows))
 
 
+def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYOUT):
+    """The FLOP convention of GPT.estimate_flops (what compute multipliers are in) at one size:
+    per variant the training FLOPs per token it counts, the share of them that are connection
+    parameters (counted as matmuls), and the stream work it leaves out (stream_mix_flops)."""
+    from nanochat.gpt import GPT, model_config_from_depth
+    rows = []
+    for variant in ("residual",) + tuple(v for v in HC_VARIANTS if v != "go_mhc"):
+        config = model_config_from_depth(depth, layout["vocab_size"], 2048, value_embeds=layout["value_embeds"],
+                                         hc=variant, hc_streams=0 if variant == "residual" else n)
+        with torch.device("meta"):
+            model = GPT(config)
+        counted = model.estimate_flops()
+        projections = 6 * model.param_counts()["connections"]
+        left_out = 0 if variant == "residual" else 2 * depth * stream_mix_flops(variant, n, config.n_embd)
+        rows.append([paper.METHOD_NAMES[variant], f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
+                     f"{100 * left_out / counted:.2f}%"])
+    return (f"FLOP convention at D={depth}, n={n} (GPT.estimate_flops; compute multipliers are in these FLOPs):\n"
+            "6 FLOPs per token per matmul weight, connection projections included; attention 12·h·d·window per\n"
+            "layer; embeddings, stream mixes (pre, post, res, the RMSNorm over nC) and building H_res (Sinkhorn,\n"
+            "permutation mixtures) not counted: they are memory-bound element-wise passes.\n\n"
+            + text_table(["Method", "FLOPs/token counted", "of which connections", "not counted (mixes, H_res)"],
+                         rows))
+
+
 def print_params(args):
     print(model_size_table(), end="\n\n")
+    print(flop_convention_table(), end="\n\n")
     print(main_table(), end="\n\n")
     print(options_table(), end="\n\n")
     print(beyond_table(), end="\n\n")

@@ -101,6 +101,29 @@ def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_
             + trunk_params(n, C, expand, reduce, pre))
 
 
+def stream_mix_flops(variant, n, C, factors=None, sk_iters=20, s=DEFAULT_GO_S):
+    """Training FLOPs per token of one HC layer's work that GPT.estimate_flops does not count
+    (forward x 3 for the backward): the RMSNorm over the n*C stream (~3nC), the pre and post
+    mixes (2nC each), the res mix h_res @ X (2n^2C; none for hc_identity, whose H_res is I) and
+    building H_res (Sinkhorn's sk_iters row and column passes for mhc, a convex combination of
+    permutations for mhc_lite and per Kronecker factor for kromhc, plus the Kronecker product).
+    These are memory-bound element-wise passes, not matmuls: the FLOP convention leaves them
+    out, and this function says how much that is."""
+    if variant not in HC_VARIANTS:
+        raise ValueError(f"stream_mix_flops covers the HC variants {', '.join(HC_VARIANTS)} (got {variant!r})")
+    forward = 3 * n * C + 2 * n * C + 2 * n * C + (0 if variant == "hc_identity" else 2 * n * n * C)
+    if variant == "mhc":
+        forward += sk_iters * 2 * 3 * n * n  # exp-normalise rows, then columns, in log space
+    elif variant == "mhc_lite":
+        forward += math.factorial(n) * (n * n + 3)  # softmax and the weighted sum of n! matrices
+    elif variant == "kromhc":
+        fs = check_factors(n, factors) if factors else default_factors(n)
+        forward += sum(math.factorial(i) * (i * i + 3) for i in fs) + n * n * (len(fs) - 1)
+    elif variant == "go_mhc":
+        forward += 2 * (n * s) ** 3  # the Cayley transform's solve, roughly
+    return 3 * forward
+
+
 # ----- per-layer and composite measures -----
 
 def record_state(store, X):

@@ -72,3 +72,41 @@ def paired_diff(a, b):
         return PairedDiff(mean, None, None, 1)
     half = t_975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
     return PairedDiff(mean, mean - half, mean + half, len(diffs))
+
+
+def t_pvalue(t, df):
+    """Two-sided p-value of Student's t statistic with integer df >= 1, exact: the finite
+    series of Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df) for P(|T| < t)."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom must be a positive integer (got {df})")
+    if math.isinf(t):
+        return 0.0
+    theta = math.atan(abs(t) / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:  # odd: 2/pi * (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = 1.0, 0.0
+        if df > 1:
+            total = term
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+        inside = 2 / math.pi * (theta + s * math.cos(theta) * total)
+    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, total = 1.0, 1.0
+        for k in range(1, (df - 2) // 2 + 1):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = s * total
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def holm(pvalues, alpha=0.05):
+    """Holm-Bonferroni: which of m hypotheses are rejected at family-wise level alpha. The
+    i-th smallest p-value (i from 0) must be <= alpha / (m - i), and every smaller one too."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (len(pvalues) - rank):
+            break
+        rejected[i] = True
+    return rejected
