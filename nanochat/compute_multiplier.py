@@ -67,21 +67,21 @@ class PowerLaw:
 
 
 def _fit_linear(x, y, floor):
-    """(a, b, sse) of y = a + b*x by least squares, a >= 0 (or a = floor), b > 0; None if
-    b <= 0 (the points do not fall with x^-1)."""
+    """Least squares of y = a + b*x for each row of x (G, n): (a, b, sse) arrays, with a >= 0
+    (or a = floor) and b > 0; sse is inf where b <= 0 (the points do not fall with x)."""
     if floor is None:
-        xm, ym = x.mean(), y.mean()
-        sxx = ((x - xm) ** 2).sum()
-        b = ((x - xm) * (y - ym)).sum() / sxx if sxx > 0 else 0.0
-        a = ym - b * xm
-        if a < 0:
-            floor = 0.0
-    if floor is not None:
-        a = floor
-        b = ((y - a) * x).sum() / (x * x).sum()
-    if b <= 0:
-        return None
-    return a, b, float(((a + b * x - y) ** 2).sum())
+        xm, ym = x.mean(axis=1, keepdims=True), y.mean()
+        sxx = ((x - xm) ** 2).sum(axis=1)
+        b = np.where(sxx > 0, ((x - xm) * (y - ym)).sum(axis=1) / np.where(sxx > 0, sxx, 1), 0.0)
+        a = ym - b * xm[:, 0]
+        # a negative floor is no floor: refit those rows with a = 0
+        b = np.where(a < 0, (y * x).sum(axis=1) / (x * x).sum(axis=1), b)
+        a = np.maximum(a, 0.0)
+    else:
+        a = np.full(x.shape[0], float(floor))
+        b = ((y - floor) * x).sum(axis=1) / (x * x).sum(axis=1)
+    sse = ((a[:, None] + b[:, None] * x - y) ** 2).sum(axis=1)
+    return a, b, np.where(b > 0, sse, np.inf)
 
 
 def fit_saturating_power_law(flops, bpb, floor=None):
@@ -109,22 +109,20 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     scale = math.exp(np.log(C).mean())  # fit in C / scale: b stays of order one
     lx = np.log(C / scale)
 
-    def sse(c):
-        r = _fit_linear(np.exp(-c * lx), y, floor)
-        return math.inf if r is None else r[2]
+    def fit(cs):
+        return _fit_linear(np.exp(-np.outer(cs, lx)), y, floor)
 
-    errors = [sse(c) for c in C_GRID]
+    errors = fit(C_GRID)[2]
     i = int(np.argmin(errors))
     if not math.isfinite(errors[i]):
         raise LadderError("the baseline's final bpb does not fall as compute grows: no a + b·C^-c fits it")
     lo, hi = math.log(C_GRID[max(i - 1, 0)]), math.log(C_GRID[min(i + 1, len(C_GRID) - 1)])
-    lo_c, hi_c = _golden(lambda u: sse(math.exp(u)), lo, hi)
-    c = math.exp((lo_c + hi_c) / 2)
-    a, b, err = _fit_linear(np.exp(-c * lx), y, floor)
+    lo, hi = _golden(lambda u: fit(np.array([math.exp(u)]))[2][0], lo, hi)
+    c = math.exp((lo + hi) / 2)
+    a, b, err = (float(v[0]) for v in fit(np.array([c])))
     if floor is None and a == 0.0:
         fixed = "a = 0 (the free fit wanted a < 0)"
-    return PowerLaw(a=float(a), b=float(b * scale ** c), c=float(c), points=distinct, fixed=fixed,
-                    rms=math.sqrt(err / len(y)))
+    return PowerLaw(a=a, b=b * scale ** c, c=c, points=distinct, fixed=fixed, rms=math.sqrt(err / len(y)))
 
 
 def _golden(f, lo, hi, tol=1e-10):
@@ -175,7 +173,7 @@ def ladder_level_cm(law, compute, bpb):
         return float(((y - law.loss(C * math.exp(u))) ** 2).sum())
 
     grid = np.linspace(-12, 12, 481)
-    i = int(np.argmin([sse(u) for u in grid]))
+    i = int(np.argmin(((y - law.loss(np.outer(np.exp(grid), C))) ** 2).sum(axis=1)))
     lo, hi = _golden(sse, grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)])
     return math.exp((lo + hi) / 2)
 

@@ -12,6 +12,7 @@ from the token's bytes, not from decode(): a token that is not valid UTF-8 on it
 """
 
 import base64
+import hashlib
 import json
 import os
 
@@ -223,6 +224,15 @@ def check_vocab(tokenizer, vocab_size):
     if tokenizer.get_vocab_size() != vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was trained with "
                          f"{vocab_size}; point NANOCHAT_BASE_DIR at the run's tokenizer")
+
+
+def fingerprint(tokenizer_dir=None):
+    """'<vocab> tokens, <12 hex digits of the merges' sha256>': which tokenizer a run used, so
+    that runs whose bits per byte are not comparable can be told apart."""
+    directory = tokenizer_dir or default_tokenizer_dir()
+    with open(os.path.join(directory, RANKS_FILE), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    return f"{get_tokenizer(directory).get_vocab_size()} tokens, {digest}"
 
 
 def get_token_bytes(device="cpu", tokenizer_dir=None):

@@ -206,7 +206,7 @@ def main(argv=None):
     from nanochat.dataloader import BestFitLoader, SplitRows, reshard_states
     from nanochat.data.shards import DatasetError, check_enough_data, corpus_record
     from nanochat.optim import build_optimizer
-    from nanochat.tokenizer import get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import fingerprint, get_token_bytes, get_tokenizer
 
     tokenizer = get_tokenizer()
     vocab_size = tokenizer.get_vocab_size()
@@ -626,6 +626,8 @@ def main(argv=None):
             # GPT.estimate_flops' convention, seconds of training steps only and of the whole run.
             "flops_per_token": flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
             "train_seconds": loop["train_seconds"], "wall_seconds": elapsed_before + time.time() - t_start,
+            # bits per byte compare only on one corpus and one tokenizer
+            "dataset": corpus["description"], "tokenizer": fingerprint(),
         }
         ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
         print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "

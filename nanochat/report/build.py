@@ -15,6 +15,7 @@ from pathlib import Path
 from nanochat.report import paper
 from nanochat.report.figures import plot_curves, plot_gap, plot_grad_norms, plot_grad_tail, plot_params_vs_n, series
 from nanochat.report.beyond import beyond_table
+from nanochat.report.cm_section import cm_section
 from nanochat.report.collapse import collapse_section
 from nanochat.report.harness import harness_section
 from nanochat.report.runs import beyond_paper, is_default_factors, is_main, method_order, seed_groups
@@ -98,6 +99,7 @@ def write_report(runs, out_dir, reference="residual", notes=()):
                 parts += [f"### {title}, D={depth}", text + "\n" + sentence]
 
     parts += ["## lm-evaluation-harness (not in the paper)", harness_section(runs, groups)]
+    parts += ["## Compute multiplier (not in the paper)", cm_section(runs, out)]
 
     parts.append(f"## Width of the residual stream ({paper.N_SCALING_TABLE}, {paper.N_SCALING_FIGURE})")
     scaling_depths = sorted(set(depths) | {paper.N_SCALING_DEPTH})

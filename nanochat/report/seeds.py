@@ -11,7 +11,7 @@ so rather than guessing a noise level.
 from nanochat.report import paper
 from nanochat.report.format import MISSING, finer, fmt_diff, md_table
 from nanochat.report.runs import core_score, is_main, method_label, method_order, seeds_of, train_loss, val_bpb
-from nanochat.report.stats import paired_diff
+from nanochat.report.stats import holm, paired_diff
 from nanochat.report.tables import row_members, row_name, row_runs
 
 REFERENCES = ("residual", "mhc")  # the baseline, and the method KromHC sets out to replace
@@ -61,20 +61,26 @@ ONE_SEED = ("- One seed per row: none of these differences can be told from seed
 
 def noise_sentence(items, specs):
     """One sentence from [(text, metric label, PairedDiff or None)]: the differences beyond
-    the seed noise, those within it, and those whose interval is unknown."""
+    the seed noise, those within it, and those whose interval is unknown. With several
+    differences, 'beyond' is Holm-Bonferroni's verdict over all of them at 5 %: each
+    interval alone would find some difference beyond the noise by chance."""
     beyond, within, unknown = [], [], []
+    tested = [d for _, _, d in items if d is not None and d.known]
+    verdict = dict(zip(map(id, tested), holm([d.p for d in tested])))
     for text, label, d in items:
         if d is None:
             continue
         value = f"{text} ({d.mean:+{finer(specs[label])}})"
-        (beyond if d.beyond_noise else within if d.known else unknown).append(value)
+        (beyond if d.known and verdict[id(d)] else within if d.known else unknown).append(value)
     if not (beyond or within):
         return ONE_SEED if unknown else "- No two rows to compare here."
+    family = f"Holm-Bonferroni over the {len(tested)} differences with an interval here, 5 % family-wise"
     parts = []
     if beyond:
-        parts.append("exceed the seed noise (their 95 % interval excludes zero): " + "; ".join(beyond))
+        parts.append(f"exceed the seed noise ({family}): " + "; ".join(beyond))
     if within:
-        parts.append("do not exceed it (the interval holds zero): " + "; ".join(within))
+        parts.append("do not exceed it (after the same correction; an interval that holds zero never does): "
+                     + "; ".join(within))
     if unknown:
         parts.append("have one seed pair only (interval unknown): " + "; ".join(unknown))
     return "- Differences that " + ". Differences that ".join(parts) + "."
@@ -106,7 +112,9 @@ def seed_table(runs, depth, groups, metrics=MAIN_METRICS):
                 items.append((f"{method_label(r)} − {paper.METHOD_NAMES[v]} {label}", label, d))
         rows.append(cells)
     notes = ["- Δ = this row minus the reference row, averaged over the seeds both hold (paired by init and "
-             "data-order seed); in brackets its 95 % interval, mean ± t(0.975, n−1)·sd/√n.",
+             "data-order seed); in brackets its 95 % interval, mean ± t(0.975, n−1)·sd/√n, for that difference "
+             "alone. Which differences exceed the seed noise is decided over the whole table with "
+             "Holm-Bonferroni (paired t-tests), so that many comparisons do not find one by chance.",
              noise_sentence(items, specs)]
     return md_table(header, rows) + "\n\n" + "\n".join(notes)
 

@@ -58,8 +58,18 @@ class PairedDiff:
 
     @property
     def beyond_noise(self):
-        """The interval excludes zero."""
+        """The interval excludes zero (one comparison alone; see holm for several)."""
         return self.known and (self.low > 0 or self.high < 0)
+
+    @property
+    def p(self):
+        """Two-sided p-value of the paired t-test of a zero mean (None with one pair)."""
+        if not self.known:
+            return None
+        se = (self.high - self.low) / 2 / t_975(self.n - 1)
+        if se == 0:
+            return 0.0 if self.mean else 1.0
+        return t_pvalue(self.mean / se, self.n - 1)
 
 
 def paired_diff(a, b):
