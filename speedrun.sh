@@ -192,15 +192,7 @@ REPORT_ARGS=(--runs "${RUN_DIRS[@]}")
 [ "${#CONFIGS[@]}" -eq 0 ] || REPORT_ARGS+=(--configs "${CONFIGS[@]}")
 python -m scripts.report "${REPORT_ARGS[@]}" --out report
 # ---- what a connection is worth: the compute multipliers over the mode's ladder, the frontier
-case "$MODE" in
-    cpu|ladder) STUDY=(scripts.compare --select "$([ "$MODE" = cpu ] && echo 'cpu_*' || echo 'ladder_*')"
-                       --json report/compare.json --out report/compare) ;;
-    isoflop)    STUDY=(scripts.isoflop --select 'isoflop_*' --json report/isoflop.json) ;;
-    *)          STUDY=() ;;
-esac
-if [ "${#STUDY[@]}" -gt 0 ] && ! python -m "${STUDY[0]}" --runs-root "$NANOCHAT_BASE_DIR/runs" "${STUDY[@]:1}"; then
-    FAILED+=("python -m ${STUDY[0]} (its error line above)")
-fi
+study_report "$MODE" || FAILED+=("the $MODE study's summary (its error line above)")
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "speedrun: report/README.md written; ${#FAILED[@]} run(s) failed (logs in $NANOCHAT_BASE_DIR/logs):" >&2
     printf '  %s\n' "${FAILED[@]}" >&2
