@@ -173,7 +173,7 @@ def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
             steps = config.get("num_iterations", -1)
             tag = seed_tag(config["model_tag"], s, vary_data_order)
             flags = [v for name, value in spec.overrides if name != "model_tag" for v in _flag(name, value)]
-            if s > 0 or tag != config["model_tag"] or any(name == "model_tag" for name, _ in spec.overrides):
+            if s > 0 or "model_tag" in dict(spec.overrides):
                 flags += ["--model-tag", tag]
             if s > 0:
                 flags += ["--seed", str(config.get("seed", DEFAULT_SEED) + s)]
@@ -221,7 +221,7 @@ def resolve(run):
 def shards_needed(runs):
     """FineWeb-Edu train shards the longest run reads (one pass, ~34M tokens a shard), plus 10 %."""
     tokens = max((resolve(r).tokens or 0 for r in runs), default=0)
-    return math.ceil(1.1 * tokens / TOKENS_PER_SHARD)
+    return max(1, math.ceil(1.1 * tokens / TOKENS_PER_SHARD))
 
 
 def progress(run_dir):
