@@ -405,8 +405,8 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
         reason = ("no tokens/s measured yet (no finished run and no gpu_check.json; run "
                   "`python -m scripts.gpu_check` to measure one)" if not measured else
                   "no measurement at their depth")
-        if assumption is None:
-            reason += "; no GPU with a known peak to assume an MFU of"
+        if assumption is None and unit == "GPU":
+            reason += "; no GPU with a known peak to assume an MFU of (set PLAN_GPU / --gpu-name)"
         lines.append(f"cannot estimate {', '.join(unknown)}: {reason}")
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
