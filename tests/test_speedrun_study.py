@@ -52,7 +52,7 @@ def test_plan_only_prints_the_ladder_and_the_grid_with_their_gpu_hours(tmp_path)
 
 
 # The real functions; evaluation and diagnostics of the ladder's runs, tested elsewhere, only
-# have to succeed here (the grid's runs are training-only anyway).
+# have to succeed here (the grid's runs are training-only anyway), and the progress line.
 DRIVER = r"""
 set -euo pipefail
 source scripts/speedrun_lib.sh
@@ -65,6 +65,8 @@ launch() {
     fi
     lib_launch "$@"
 }
+# The "run k of N" line (test_plan.py's) stubbed: it would start one more process per run.
+python() { if [[ " $* " == *" --progress "* ]]; then echo "run $*"; else command python "$@"; fi; }
 NPROC=1 WANDB_RUN=dummy TRAIN_ARGS=(--device-type cpu) EVALS=bpb EVAL_ARGS=()
 MODE=$1
 PLAN_ARGS=(--runs-root "$NANOCHAT_BASE_DIR/runs" --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
