@@ -152,6 +152,13 @@ def device_name(device):
     hold only on the same name and count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    try:  # Linux names the CPU model here; platform.processor() only says x86_64
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            return names[0]
+    except OSError:
+        pass
     import platform
     return platform.processor() or platform.machine() or device.type
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanochat.report.stats import holm, t_975, t_pvalue
+from nanochat.report.stats import t_975, t_pvalue
 
 C_GRID = np.geomspace(1e-3, 3.0, 400)  # exponents c searched; loss-compute exponents sit near 0.05-0.5
 GOLDEN = (math.sqrt(5) - 1) / 2
@@ -38,13 +38,14 @@ class LadderError(ValueError):
 class PowerLaw:
     """L(C) = a + b*C^-c, fitted to `points` distinct compute values. `fixed` names what was
     not fitted ('' for the full fit, 'a = 0' for a pure power law, 'a = <value>' for a given
-    floor); `rms` is the root-mean-square residual in bpb."""
+    floor) and `note` why; `rms` is the root-mean-square residual in bpb."""
     a: float
     b: float
     c: float
     points: int = 0
     fixed: str = ""
     rms: float = 0.0
+    note: str = ""
 
     def loss(self, C):
         """The loss at compute C (a number or an array)."""
@@ -62,8 +63,9 @@ class PowerLaw:
         return self.c * (L - self.a)
 
     def describe(self):
-        how = "full fit" if not self.fixed else f"{self.fixed} fixed"
-        return f"L(C) = {self.a:.4f} + {self.b:.4g}·C^-{self.c:.4f} ({how}, {self.points} compute values, rms {self.rms:.2g})"
+        how = "full fit" if not self.fixed else f"{self.fixed} fixed" + (f": {self.note}" if self.note else "")
+        return (f"L(C) = {self.a:.4f} + {self.b:.4g}·C^-{self.c:.4f} ({how}, {self.points} compute values, "
+                f"rms {self.rms:.2g})")
 
 
 def _fit_linear(x, y, floor):
@@ -99,11 +101,13 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     if distinct < 2:
         raise LadderError(f"a ladder fit needs final points at 2 or more compute values (got {distinct}); "
                           "only a per-tag reading against the eval curve of the same depth is possible")
-    fixed = ""
+    if np.polyfit(np.log(C), y, 1)[0] >= 0:  # a floor or a pure power law would fit a rise as flat
+        raise LadderError("the baseline's final bpb does not fall as compute grows: no a + b·C^-c fits it")
+    fixed, note = "", ""
     if floor is not None:
-        fixed = f"a = {floor:g}"
+        fixed, note = f"a = {floor:g}", "given"
     elif distinct == 2:
-        floor, fixed = 0.0, "a = 0"
+        floor, fixed, note = 0.0, "a = 0", "2 compute values determine a pure power law only"
     if floor is not None and np.any(y <= floor):
         raise LadderError(f"the floor a = {floor:g} is not below every bpb")
     scale = math.exp(np.log(C).mean())  # fit in C / scale: b stays of order one
@@ -121,8 +125,9 @@ def fit_saturating_power_law(flops, bpb, floor=None):
     c = math.exp((lo + hi) / 2)
     a, b, err = (float(v[0]) for v in fit(np.array([c])))
     if floor is None and a == 0.0:
-        fixed = "a = 0 (the free fit wanted a < 0)"
-    return PowerLaw(a=a, b=b * scale ** c, c=c, points=distinct, fixed=fixed, rms=math.sqrt(err / len(y)))
+        fixed, note = "a = 0", "the free fit wanted a < 0"
+    return PowerLaw(a=a, b=b * scale ** c, c=c, points=distinct, fixed=fixed, rms=math.sqrt(err / len(y)),
+                    note=note)
 
 
 def _golden(f, lo, hi, tol=1e-10):
@@ -248,12 +253,15 @@ def delta_interval(law, cm, bpb, sigma_bpb, source):
     """One seed: sigma(ln CM) ~ sigma_bpb / |dL/d ln C| at the anchor (the delta method), a
     stated estimate with the bpb noise taken from `source`."""
     slope = law.slope(bpb)
-    if cm is None or not (0 < cm < math.inf) or sigma_bpb is None or slope <= 0:
+    if cm is None or not (0 < cm < math.inf) or not sigma_bpb or slope <= 0:
         return None
     half = 1.959964 * sigma_bpb / slope
+    if half > 20:  # the curve is flat at the anchor: any multiplier fits the noise
+        return None
     z = math.log(cm) / (sigma_bpb / slope)
     p = math.erfc(abs(z) / math.sqrt(2))
-    return Interval(cm * math.exp(-half), cm * math.exp(half), f"estimate: one seed, σ_bpb {sigma_bpb:.2g} from {source}", p)
+    return Interval(cm * math.exp(-half), cm * math.exp(half),
+                    f"estimate: one seed, σ_bpb {sigma_bpb:.2g} from {source}", p)
 
 
 def bootstrap_interval(statistic, groups, resamples=400, seed=0):
@@ -273,11 +281,3 @@ def bootstrap_interval(statistic, groups, resamples=400, seed=0):
     low, high = np.exp(np.percentile(logs, [2.5, 97.5]))
     side = min((logs <= 0).mean(), (logs >= 0).mean())
     return Interval(float(low), float(high), f"bootstrap over seeds ({len(values)} resamples)", min(1.0, 2 * side))
-
-
-def holm_flags(intervals):
-    """Which of these intervals (None allowed) exceed the seed noise after Holm-Bonferroni over
-    the ones that carry a p-value: {index: bool}."""
-    tested = [(i, iv.p) for i, iv in enumerate(intervals) if iv is not None and iv.p is not None]
-    rejected = holm([p for _, p in tested])
-    return {i: r for (i, _), r in zip(tested, rejected)}

@@ -358,9 +358,14 @@ class GPT(nn.Module):
         return counts["transformer_matrices"] + counts["lm_head"]
 
     def estimate_flops(self):
-        """Training FLOPs per token: 6 per matmul weight (forward + backward; embeddings
-        are lookups and do not count; the connection projections are matmuls and do)
-        plus attention scores and values over each layer's effective window."""
+        """Training FLOPs per token, the project's FLOP convention (compute multipliers are in
+        these units): 6 per matmul weight (forward + backward) plus attention scores and values
+        over each layer's effective window. Embeddings are lookups and do not count; every
+        connection parameter counts as a matmul weight (the projection x'W dominates them);
+        the stream mixes (pre, post, res), the RMSNorm over the n*C stream and building H_res
+        (Sinkhorn, permutation mixtures) are memory-bound element-wise passes and do not count
+        (connections.diagnostics.stream_mix_flops sizes them: ~0.4 % at D=12, n=4; printed
+        by `python -m scripts.hc_report --params`)."""
         counts = self.param_counts()
         matmul_params = counts["non_embedding"]
         T = self.config.sequence_len

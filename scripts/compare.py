@@ -22,9 +22,10 @@ import argparse
 import fnmatch
 import json
 import re
+import sys
 from pathlib import Path
 
-from nanochat.cli import run
+from nanochat.cli import positive_int, run
 from nanochat.common import text_table
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.cm_section import MEANINGS, markdown, write_figures
@@ -56,11 +57,12 @@ def build_parser():
     parser.add_argument("--baseline", type=tags, metavar="TAG,TAG,...", help="the baseline's runs (default: by label)")
     parser.add_argument("--variant", type=variant_spec, action="append", metavar="NAME=TAG,TAG,...",
                         help="a variant's runs (repeatable; default: every label but the baseline's)")
-    parser.add_argument("--baseline-label", default="residual",
+    parser.add_argument("--baseline-label", default="residual", metavar="LABEL",
                         help="connection label of the baseline when runs are picked by label (default: residual)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.add_argument("--out", metavar="DIR", help="where compare.md and the figures go (default: the runs root)")
-    parser.add_argument("--resamples", type=int, default=400, help="bootstrap resamples for ladder intervals")
+    parser.add_argument("--resamples", type=positive_int(), default=400, metavar="N",
+                        help="bootstrap resamples for the ladder-level interval (default: 400)")
     return parser
 
 
@@ -76,7 +78,8 @@ def print_study(study):
             cell = lambda x, flag=False: "-" if x is None else f"{x:.4f}" + ("?" if flag else "")
             ci = row["cm_ci"]
             rows.append([row["depth"], row["seeds"], f"{row['bpb']:.4f}", f"{row['flops']:.3g}",
-                         cell(row["cm"], row["extrapolated"]), "-" if not ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
+                         "below floor" if row.get("below_floor") else cell(row["cm"], row["extrapolated"]),
+                         "-" if not ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
                          cell(row["wall_cm"], row["extrapolated"]),
                          cell(row["nanochat_cm"], row["nanochat_extrapolated"])])
         print(f"\n{name}")
@@ -86,7 +89,8 @@ def print_study(study):
             print(f"ladder-level CM {v['ladder_cm']:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}] ({v['ladder_ci_kind']})"
                                                               if ci else " (interval unknown)")
                   + ("" if "beyond_noise" not in v else
-                     "; exceeds the seed noise (Holm)" if v["beyond_noise"] else "; within the seed noise (Holm)"))
+                     "; beyond the noise (Holm-Bonferroni)" if v["beyond_noise"] else
+                     "; within the noise (Holm-Bonferroni)"))
 
 
 def main(argv=None):
@@ -114,8 +118,8 @@ def main(argv=None):
     spends = pool([load_run(d) for d in dirs], messages)
     baseline, variants = select_groups(spends, args.baseline_label, args.baseline, variant_tags)
     study = compare(spends, baseline, variants, messages, resamples=args.resamples)
-    for line in study.messages:
-        print(line)
+    for line in study.messages:  # diagnostics on stderr, the table on stdout
+        print(line, file=sys.stderr)
     out = Path(args.out) if args.out else root
     out.mkdir(parents=True, exist_ok=True)
     if args.json:

@@ -212,17 +212,17 @@ def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYO
         rows.append([paper.METHOD_NAMES[variant], f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
                      f"{100 * left_out / counted:.2f}%"])
     return (f"FLOP convention at D={depth}, n={n} (GPT.estimate_flops; compute multipliers are in these FLOPs):\n"
-            "6 FLOPs per token per matmul weight, connection projections included; attention 12·h·d·window per\n"
-            "layer; embeddings, stream mixes (pre, post, res, the RMSNorm over nC) and building H_res (Sinkhorn,\n"
-            "permutation mixtures) not counted: they are memory-bound element-wise passes.\n\n"
+            "counted: 6 per matmul weight and token, connection projections included, and attention 12·h·d·window\n"
+            "per layer; not counted: embeddings, the stream mixes (pre, post, res, the RMSNorm over nC) and building\n"
+            "H_res (Sinkhorn, permutation mixtures), memory-bound element-wise passes.\n\n"
             + text_table(["Method", "FLOPs/token counted", "of which connections", "not counted (mixes, H_res)"],
                          rows))
 
 
 def print_params(args):
     print(model_size_table(), end="\n\n")
-    print(flop_convention_table(), end="\n\n")
     print(main_table(), end="\n\n")
+    print(flop_convention_table(), end="\n\n")
     print(options_table(), end="\n\n")
     print(beyond_table(), end="\n\n")
     print(scaling_table(), end="\n\n")

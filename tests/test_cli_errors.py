@@ -32,6 +32,7 @@ CLIS = {
     "scripts.hc_report": ("scripts.hc_report", ["--params"]),
     "scripts.bench": ("scripts.bench", []),
     "scripts.report": ("scripts.report", []),
+    "scripts.compare": ("scripts.compare", []),
     "nanochat.dataset": ("nanochat.dataset", []),
     "scripts.gpu_check": ("scripts.gpu_check", []),
     "scripts.export": ("scripts.export", ["--out", "x"]),

@@ -26,6 +26,25 @@ def test_params_tables(capsys):
     assert "(infeasible)" in out and "n/a (prime > 5)" in out
 
 
+def test_params_flop_convention_at_d12(capsys):
+    """The FLOP convention's shares at D = 12, n = 4: connection projections counted (6 per
+    parameter, as GPT.estimate_flops does), stream mixes and building H_res not (under 1 %)."""
+    from nanochat.connections.diagnostics import stream_mix_flops
+    hc_report.main(["--params"])
+    section = capsys.readouterr().out.split("FLOP convention at D=12, n=4")[1].split("\n\n")[1]
+    rows = {line.rsplit(None, 3)[0]: line.split()[-3:] for line in section.splitlines()[2:]}
+    for variant, name in (("mhc", "mHC"), ("kromhc", "KromHC"), ("residual", "Residual")):
+        config = model_config_from_depth(12, 32768, 2048, hc=variant, hc_streams=0 if variant == "residual" else 4)
+        with torch.device("meta"):
+            model = GPT(config)
+        counted = model.estimate_flops()
+        left_out = 0 if variant == "residual" else 24 * stream_mix_flops(variant, 4, 768)
+        assert rows[name] == [f"{counted / 1e9:.3f}G", f"{100 * 6 * model.param_counts()['connections'] / counted:.2f}%",
+                              f"{100 * left_out / counted:.2f}%"]
+    assert all(0 < float(cells[2].rstrip("%")) < 1 for name, cells in rows.items() if name != "Residual")
+    assert float(rows["KromHC"][1].rstrip("%")) < float(rows["mHC"][1].rstrip("%"))
+
+
 def test_params_model_sizes_beside_the_papers(capsys):
     """Both layouts at D = 6 and 12 beside the paper's ~60M / ~186M, counted from real models."""
     hc_report.main(["--params"])

@@ -138,3 +138,20 @@ def test_seed_groups_ignore_seeds_and_settings_added_later(tmp_path):
             Run("c", tmp_path, found=False)]
     groups = seed_groups(runs)
     assert {k: [r.name for r in v] for k, v in groups.items()} == {"a": ["a", "a_s1", "a_s1_data"], "b": ["b"], "c": ["c"]}
+
+
+def test_noise_sentence_decides_with_holm_bonferroni():
+    """Two differences whose intervals each exclude zero (p 0.037 and 0.030) do not both survive
+    three comparisons: Holm keeps only the strong one (p 0.0001) beyond the seed noise."""
+    from nanochat.report.seeds import noise_sentence
+    zero = {1: 0.0, 2: 0.0, 3: 0.0}
+    weak = paired_diff({1: 0.10, 2: 0.05, 3: 0.07}, zero)
+    weaker = paired_diff({1: 0.10, 2: 0.055, 3: 0.07}, zero)
+    strong = paired_diff({1: 0.05, 2: 0.051, 3: 0.049}, zero)
+    assert weak.beyond_noise and weaker.beyond_noise and weak.p == pytest.approx(0.0371, abs=1e-4)
+    text = noise_sentence([("A", "x", weak), ("B", "x", weaker), ("C", "x", strong)], {"x": ".3f"})
+    beyond, within = text.split("Differences that do not exceed it")
+    assert "Holm-Bonferroni over the 3 differences" in beyond and "C (+0.0500)" in beyond
+    assert "A (" in within and "B (" in within and "A (" not in beyond
+    alone = noise_sentence([("A", "x", weak)], {"x": ".3f"})
+    assert "exceed the seed noise" in alone and "A (+0.0733)" in alone  # one comparison: no correction

@@ -120,6 +120,11 @@ def test_four_ranks_equal_one_process_and_resume_on_two_then_four(cluster):
     resumed = final_state(base, "elastic")
     for k in straight:
         torch.testing.assert_close(resumed[k], straight[k], rtol=1e-4, atol=1e-5)
+    # tokens and FLOPs count over all ranks, and carry across the resumes on 2 and 4 ranks
+    single, elastic = summary_of(base, "single"), summary_of(base, "elastic")
+    assert elastic["world_size"] == 4 and single["world_size"] == 1
+    assert (elastic["tokens"], elastic["total_flops"]) == (single["tokens"], single["total_flops"]) == \
+        (8 * 512, single["flops_per_token"] * 8 * 512)
 
 
 def test_eight_ranks_on_four_val_row_groups_equal_one_process(cluster):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nanochat import checkpoint as ckpt
+from nanochat.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,8 +81,24 @@ def test_every_variant_trains_and_writes_its_run(base, variant):
         hc = [r for r in records if r["kind"] == "hc"]
         assert hc and hc[-1]["n"] == 4 and "composite_col_mae" in hc[-1]
     assert ckpt.latest_step(run) == 3
+    assert_compute_records(run, summary, records, steps=3)
     config = open(os.path.join(run, "config.toml")).read()
     assert f'hc = "{variant}"' in config
+
+
+def assert_compute_records(run, summary, records, steps, batch=512):
+    """What a compute multiplier reads: FLOPs per token as GPT.estimate_flops gives them for
+    the run's model, tokens over all ranks, FLOPs = that x tokens, cumulative on every val record."""
+    meta = ckpt.load_meta(run, ckpt.latest_step(run))
+    with torch.device("meta"):
+        expected = GPT(GPTConfig(**meta["model_config"])).estimate_flops()
+    fpt = summary["flops_per_token"]
+    assert fpt == expected and summary["tokens"] == steps * batch and summary["total_flops"] == fpt * steps * batch
+    vals = [r for r in records if r["kind"] == "val"]
+    assert vals and all(r["tokens"] == r["step"] * batch and r["flops"] == fpt * r["tokens"] for r in vals)
+    assert vals[-1]["step"] == steps and vals[-1]["train_seconds"] == summary["train_seconds"] > 0
+    assert summary["wall_seconds"] >= summary["train_seconds"] and summary["world_size"] == meta["world_size"]
+    assert summary["device_name"] and summary["dataset"] and summary["tokenizer"].startswith("512 tokens, ")
 
 
 def test_exact_resume_after_sigkill(base):
@@ -130,6 +147,12 @@ def kill_resume_and_compare(base, args):
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]  # bitwise
     a, b = final_state(base, "straight"), final_state(base, "killed")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the compute records continue across the resume: the same cumulative counts as the straight run
+    summaries = [json.load(open(os.path.join(base, "runs", tag, "summary.json"))) for tag in ("straight", "killed")]
+    expected = (8 * 512, summaries[0]["flops_per_token"] * 8 * 512)
+    assert [(s["tokens"], s["total_flops"]) for s in summaries] == [expected] * 2
+    killed = [r for r in map(json.loads, open(os.path.join(base, "runs", "killed", "metrics.jsonl")))]
+    assert_compute_records(os.path.join(base, "runs", "killed"), summaries[1], killed, steps=8)
 
 
 def test_resume_refuses_a_changed_config(base):

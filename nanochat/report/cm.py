@@ -121,11 +121,7 @@ def noise_sigma(cells, law):
         return math.sqrt(sq / dof), f"the seed spread of final bpb ({dof} degrees of freedom)"
     if law is not None and law.points > 3 and law.rms > 0:
         return law.rms * math.sqrt(law.points / (law.points - 3)), "the baseline fit's residual"
-    return None, "no seeds and no fit residual to take the bpb noise from"
-
-
-def _interval_json(iv):
-    return None if iv is None else [iv.low, iv.high]
+    return None, "no other seeds nor a fit with degrees of freedom to take the bpb noise from"
 
 
 def _fit(points, messages, what):
@@ -157,28 +153,30 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
     if not baseline:
         messages.append("error: no finished baseline run: train the baseline ladder first, or name its runs with "
                         "--baseline TAG,TAG,... (or --baseline-label LABEL)")
-        return _finish(study, [])
+        return _finish(study, {})
     if not any(variants.values()):
         messages.append("error: no finished variant run to compare with the baseline: name some with "
                         "--variant NAME=TAG,TAG,...")
-        return _finish(study, [])
+        return _finish(study, {})
     check_comparable(baseline + [s for m in variants.values() for s in m], messages)
     if study.errors:
         return _finish(study, {})
 
     depths = sorted(base_cells)
     if len(depths) < 2:
-        messages.append(f"warning: the baseline has finished runs at {len(depths)} depth ({', '.join(map(str, depths))}): "
-                        "a ladder fit needs 2 or more; only the nanochat-compatible per-tag CM (same depth) is computed")
+        messages.append(f"warning: the baseline has finished runs at {len(depths)} depth "
+                        f"({', '.join(map(str, depths))}): a ladder fit needs 2 or more; only the "
+                        "nanochat-compatible per-tag CM (same depth) is computed")
     else:
         study.law = _fit([(s.flops, s.bpb) for s in baseline], messages, "baseline ladder (FLOPs)")
     everyone = baseline + [s for m in variants.values() for s in m]
     device = same_device(everyone)
     if device is None:
         kinds = sorted({s.device or "unrecorded" for s in everyone})
-        messages.append(f"warning: wall-clock CM refused: the runs were not timed on one device set ({'; '.join(kinds)}); "
+        messages.append(f"warning: wall-clock CM refused: the runs were not timed on one device set "
+                        f"({'; '.join(kinds)}); "
                         "it compares seconds only on the same GPU model and count")
-    elif len(depths) >= 2 and all(s.seconds for s in baseline):
+    elif study.law is not None and all(s.seconds for s in baseline):  # the same finals, in seconds
         study.wall_law = _fit([(s.seconds, s.bpb) for s in baseline], messages, "baseline ladder (seconds)")
     sigma, sigma_source = noise_sigma(list(base_cells.values()) + [c for v in var_cells.values() for c in v.values()],
                                       study.law)
@@ -193,13 +191,22 @@ def compare(spends, baseline, variants, messages=None, resamples=400):
             messages.append(f"warning: variant {name} has no depth the baseline has (variant: "
                             f"{', '.join(map(str, sorted(cells)))}; baseline: {', '.join(map(str, depths))}): "
                             "no nanochat-compatible per-tag CM")
-        out[name] = _variant(study, name, cells, sigma, sigma_source, resamples)
+        out[name] = _variant(study, cells, sigma, sigma_source, resamples)
     return _finish(study, out, device)
 
 
-def _variant(study, name, cells, sigma, sigma_source, resamples):
+def _variant(study, cells, sigma, sigma_source, resamples):
+    """One variant's JSON: its per-depth readings and its ladder-level CM."""
     law, wall_law = study.law, study.wall_law
     base_finals = [s.bpb for m in study.baseline.values() for s in m]
+    points = [s for m in cells.values() for s in m]
+    level = None if law is None else cm.ladder_level_cm(law, [s.flops for s in points], [s.bpb for s in points])
+    if sigma is None and level is not None and len(cells) >= 2:
+        # one seed everywhere and a baseline fit without residual: the variant's own scatter
+        # about L(k*C) over its depths (noise, and any change of its CM with depth)
+        residuals = [s.bpb - float(law.loss(level * s.flops)) for s in points]
+        sigma = math.sqrt(sum(r * r for r in residuals) / (len(residuals) - 1))
+        sigma_source = f"the variant's scatter about L(k·C) over its {len(cells)} depths"
     per_depth = []
     for depth in sorted(cells):
         members = cells[depth]
@@ -211,6 +218,8 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
         if law is not None:
             readings = [cm.ladder_cm(law, base_finals, s.flops, s.bpb) for s in members]
             row["cm"] = _geomean(r.cm for r in readings)
+            # an anchor at or below the fit's floor a: no baseline compute reaches it (JSON has no inf)
+            row["below_floor"] = any(math.isinf(r.cm) for r in readings)
             row["extrapolated"] = not (min(base_finals) <= row["bpb"] <= max(base_finals))
             iv = cm.t_interval([r.cm for r in readings])
             if iv is None and row["cm"] is not None:
@@ -218,7 +227,7 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
             if iv is not None:
                 row["cm_ci"], row["cm_ci_kind"], row["cm_p"] = [iv.low, iv.high], iv.kind, iv.p
             elif row["cm"] is not None:
-                row["cm_ci_kind"] = f"unknown: one seed and {sigma_source}" if sigma is None else "unknown"
+                row["cm_ci_kind"] = f"unknown: one seed, and {sigma_source}" if sigma is None else "unknown"
         if wall_law is not None and all(s.seconds for s in members):
             row["wall_cm"] = _geomean(cm.ladder_cm(wall_law, base_finals, s.seconds, s.bpb).cm for s in members)
         if depth in study.baseline:
@@ -227,9 +236,8 @@ def _variant(study, name, cells, sigma, sigma_source, resamples):
 
     result = {"label": per_depth[0]["label"], "per_depth": per_depth, "ladder_cm": None, "ladder_ci": None,
               "ladder_ci_kind": None, "ladder_p": None, "wall_ladder_cm": None}
-    points = [s for m in cells.values() for s in m]
     if law is not None:
-        result["ladder_cm"] = cm.ladder_level_cm(law, [s.flops for s in points], [s.bpb for s in points])
+        result["ladder_cm"] = level
         iv = _ladder_interval(study, cells, per_depth, resamples)
         if iv is not None:
             result["ladder_ci"], result["ladder_ci_kind"], result["ladder_p"] = [iv.low, iv.high], iv.kind, iv.p
@@ -293,7 +301,7 @@ def _finish(study, variants, device=None):
         "baseline": {"runs": sorted(s.name for m in study.baseline.values() for s in m),
                      "depths": sorted(study.baseline),
                      "fit": None if law is None else {"a": law.a, "b": law.b, "c": law.c, "points": law.points,
-                                                      "fixed": law.fixed, "rms": law.rms},
+                                                      "fixed": law.fixed, "note": law.note, "rms": law.rms},
                      "wall_fit": None if study.wall_law is None else {
                          "a": study.wall_law.a, "b": study.wall_law.b, "c": study.wall_law.c}},
         "device": device,

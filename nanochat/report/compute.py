@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from nanochat.report.format import fmt
 from nanochat.report.runs import method_label, params, seeds_of
 from nanochat.train_config import FLAG_DEFAULTS
 
@@ -69,10 +70,13 @@ def reconstructed_flops_per_token(run):
     model_fields = {f.name for f in dataclasses.fields(GPTConfig)} - {"vocab_size", "window_pattern", "sequence_len",
                                                                      "n_layer", "n_head", "n_kv_head", "n_embd"}
     layout = {k: settings[k] for k in model_fields if k in settings}
-    config = model_config_from_depth(settings["depth"], vocab, settings["max_seq_len"], settings["aspect_ratio"],
-                                     settings["head_dim"], settings["window_pattern"], **layout)
-    with torch.device("meta"):
-        return GPT(config).estimate_flops()
+    try:
+        config = model_config_from_depth(settings["depth"], vocab, settings["max_seq_len"], settings["aspect_ratio"],
+                                         settings["head_dim"], settings["window_pattern"], **layout)
+        with torch.device("meta"):
+            return GPT(config).estimate_flops()
+    except ValueError:  # a config this version cannot build: no reconstruction
+        return None
 
 
 def spend_of(run):
@@ -80,7 +84,8 @@ def spend_of(run):
     if not run.found:
         return None, "not found"
     if not run.complete:
-        return None, f"unfinished ({run.status})"
+        return None, run.status if run.failure else \
+            f"unfinished (step {fmt(run.last_step, 'd')} of {fmt(run.num_iterations, 'd')})"
     s = run.summary
     vals = [r for r in run.metrics.get("val", []) if r.get("bpb") is not None]
     bpb = s.get("val_bpb") if s.get("val_bpb") is not None else (vals[-1]["bpb"] if vals else None)
@@ -93,7 +98,7 @@ def spend_of(run):
         fpt = reconstructed_flops_per_token(run)
         reconstructed.append("flops_per_token")
         if fpt is None:
-            return None, "no flops_per_token and no vocabulary to rebuild it from"
+            return None, "no flops_per_token recorded, and its config.toml and summary.json do not rebuild the model"
     tokens = s.get("tokens")
     if tokens is None:
         tokens = s["step"] * batch
