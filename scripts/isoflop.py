@@ -6,13 +6,14 @@ over budgets, and the CM along it against the baseline's frontier.
 
 Reads config.toml and summary.json of the runs under DIR whose names match --select (default
 `*`); a run enters when it was trained to a FLOPs budget (--target-flops). Prints one row per
-connection and budget; --json writes {"baseline", "baseline_fit", "messages", "variants":
+connection and budget (warnings on stderr); --json writes {"baseline", "baseline_fit", "messages", "variants":
 {label: {"frontier": [...], "frontier_cm": [...]}}} (see nanochat/report/isoflop_section.py).
 """
 
 import argparse
 import fnmatch
 import json
+import sys
 from pathlib import Path
 
 from nanochat.cli import run
@@ -42,7 +43,7 @@ def main(argv=None):
     dirs = [d for d in discover_runs(root) if fnmatch.fnmatch(d.name, args.select)]
     result, front, _ = study([load_run(d) for d in dirs], args.baseline_label)
     for line in result["messages"]:
-        print(line)
+        print(line, file=sys.stderr)
     if not front:
         raise SystemExit(f"error: no finished run trained to a FLOPs budget under {root} matching "
                          f"{args.select!r} with 3 or more sizes per budget: run `bash speedrun.sh isoflop` first")

@@ -94,8 +94,8 @@ def test_cli_and_report_section_from_run_directories(tmp_path, capsys):
     root = grid_root(tmp_path)
     out = tmp_path / "isoflop.json"
     isoflop_cli.main(["--runs-root", str(root), "--json", str(out)])
-    text = capsys.readouterr().out
-    assert "warning: isoflop_1e+17_d9_kromhc skipped" in text and "baseline frontier: L(C) =" in text
+    printed = capsys.readouterr()
+    assert "warning: isoflop_1e+17_d9_kromhc skipped" in printed.err and "baseline frontier: L(C) =" in printed.out
     result = json.loads(out.read_text())
     assert set(result["variants"]) == {"residual", "kromhc"} and result["variants"]["residual"]["frontier_cm"] is None
     cms = result["variants"]["kromhc"]["frontier_cm"]
