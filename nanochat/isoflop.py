@@ -118,15 +118,20 @@ def scaling_params(summary):
     return p["transformer_matrices"] + p["lm_head"]
 
 
+def is_grid_run(run):
+    """A run of the iso-FLOP grid: trained to a FLOPs budget (config target_flops > 0 and no
+    explicit steps). The ladder's readings leave these out: a grid has several runs per depth."""
+    return (run.config.get("target_flops") or -1) > 0 and (run.config.get("num_iterations") or -1) <= 0
+
+
 def grid_points(runs, label_of):
-    """{(label, budget): [(params, final val bpb, depth), ...]} of the finished runs trained with a
-    FLOPs budget (config target_flops > 0 and no explicit steps), and the names of the grid's
-    runs left out because they are unfinished or lack a value."""
+    """{(label, budget): [(params, final val bpb, depth), ...]} of the finished grid runs
+    (`is_grid_run`), and the names of those left out because they are unfinished or lack a value."""
     points, skipped = {}, []
     for r in runs:
-        budget = r.config.get("target_flops", -1)
-        if not budget or budget <= 0 or r.config.get("num_iterations", -1) > 0:
+        if not is_grid_run(r):
             continue
+        budget = r.config["target_flops"]
         params, bpb = scaling_params(r.summary), (r.summary or {}).get("val_bpb")
         if not r.complete or params is None or bpb is None:
             skipped.append(r.name)

@@ -1,7 +1,8 @@
 """The iso-FLOP grid's math against closed forms: the parabola in ln(params) and its vertex,
 the flags of an unbracketed or a downward U, the frontier over budgets, and the CM along it
 (a variant whose frontier is the baseline's at k times the compute reads k). Then the same
-through run directories: scripts.isoflop's table and JSON, and the report's subsection."""
+through run directories: scripts.isoflop's table and JSON, and the report's subsection (under
+"Compute multiplier", through cm_section's hook)."""
 
 import json
 import math
@@ -9,7 +10,8 @@ import math
 import pytest
 
 from nanochat import isoflop
-from nanochat.report.isoflop_section import isoflop_section
+from nanochat.report.cm_section import cm_section
+from nanochat.report.isoflop_section import isoflop_markdown
 from nanochat.report.runs import load_run
 from scripts import isoflop as isoflop_cli
 
@@ -104,11 +106,14 @@ def test_cli_and_report_section_from_run_directories(tmp_path, capsys):
     assert best["params"] == pytest.approx(G * 1e16 ** 0.5) and best["sizes"] == 5 and best["fitted"]
 
     runs = [load_run(d) for d in sorted(root.iterdir())]
-    (section,) = isoflop_section(runs, tmp_path)
-    assert section.startswith("### Iso-FLOP frontier") and (tmp_path / "isoflop.png").is_file()
+    section = cm_section(runs, tmp_path).split("### Iso-FLOP frontier", 1)[1]  # as the report's build calls it
+    assert (tmp_path / "isoflop.png").is_file() and "- warning: isoflop_1e+17_d9_kromhc skipped" in section
     lines = [line for line in section.splitlines() if line.startswith("| kromhc | 1e+16 |")]
     assert lines and lines[0].rstrip(" |").endswith("1.500")
-    assert isoflop_section([r for r in runs if r.name.startswith("ladder")], tmp_path) == []
+    assert isoflop_markdown([r for r in runs if r.name.startswith("ladder")], tmp_path) == ""
+    assert "Iso-FLOP" not in cm_section([r for r in runs if r.name.startswith("ladder")], tmp_path)
+    # The ladder's readings leave the grid's runs (several per depth) to the frontier.
+    assert [r.name for r in runs if not isoflop.is_grid_run(r)] == ["ladder_d4_kromhc"]
 
     with pytest.raises(SystemExit, match="no finished run trained to a FLOPs budget"):
         isoflop_cli.main(["--runs-root", str(root), "--select", "ladder_*"])

@@ -18,7 +18,6 @@ from nanochat.report.beyond import beyond_table
 from nanochat.report.cm_section import cm_section
 from nanochat.report.collapse import collapse_section
 from nanochat.report.harness import harness_section
-from nanochat.report.isoflop_section import isoflop_section
 from nanochat.report.runs import beyond_paper, is_default_factors, is_main, method_order, seed_groups
 from nanochat.report.seeds import seed_table, task_sentence
 from nanochat.report.tables import (alpha_table, corpus_lines, factorization_table, fidelity_notes, identity_table,
@@ -101,7 +100,6 @@ def write_report(runs, out_dir, reference="residual", notes=()):
 
     parts += ["## lm-evaluation-harness (not in the paper)", harness_section(runs, groups)]
     parts += ["## Compute multiplier (not in the paper)", cm_section(runs, out)]
-    parts += isoflop_section(runs, out)
 
     parts.append(f"## Width of the residual stream ({paper.N_SCALING_TABLE}, {paper.N_SCALING_FIGURE})")
     scaling_depths = sorted(set(depths) | {paper.N_SCALING_DEPTH})

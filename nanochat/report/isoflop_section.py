@@ -1,7 +1,8 @@
 """The iso-FLOP frontier from the grid's runs (`speedrun.sh isoflop`): per budget and connection
 label the compute-optimal size (nanochat/isoflop.py's parabola in ln params), the frontier over
 budgets, and the CM along it against the baseline's frontier. `scripts.isoflop` prints and writes
-it; the report shows it as a subsection of "Compute multiplier" when grid runs exist.
+it; the report shows it as a subsection of "Compute multiplier" when grid runs exist
+(`isoflop_markdown`, through cm_section's hook).
 
 Runs enter by config: trained to a FLOPs budget (target_flops > 0, no explicit steps). Labels are
 compare's connection labels (nanochat/report/compute.py), so that the ladder and the grid name a
@@ -9,6 +10,7 @@ connection alike.
 """
 
 import math
+from pathlib import Path
 
 from nanochat import isoflop
 from nanochat.compute_multiplier import LadderError
@@ -120,16 +122,16 @@ def write_figure(result, law, path):
     return path
 
 
-def isoflop_section(runs, out_dir):
-    """The report's subsection: [] when no run was trained to a FLOPs budget."""
+def isoflop_markdown(runs, out_dir):
+    """The report's iso-FLOP subsection (cm_section's hook puts it under "Compute multiplier"):
+    the frontier table, its note and figure, and what was skipped; "" when no run was trained to
+    a FLOPs budget."""
     result, front, law = study(runs)
-    if not front and not result["messages"]:
-        return []
-    parts = ["### Iso-FLOP frontier"]
+    parts = []
     if front:
         parts += [md_table(HEADER, rows(result)), NOTE]
         if result["baseline_fit"]:
             parts.append(f"Baseline frontier: {result['baseline_fit']}.")
-        parts.append(f"![iso-FLOP frontier]({write_figure(result, law, out_dir / 'isoflop.png').name})")
+        parts.append(f"![iso-FLOP frontier]({write_figure(result, law, Path(out_dir) / 'isoflop.png').name})")
     parts += [f"- {m}" for m in result["messages"]]
-    return ["\n\n".join(parts)]
+    return "\n\n".join(parts)
