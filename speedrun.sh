@@ -114,9 +114,9 @@ case "$MODE" in
     # The demo's ladder: the residual baseline and KromHC at depths 2 and 3 beside the depth-4 runs
     # above, at their data ratio: 120 steps x 1024 tokens / 1,310,976 scaling params at depth 4 =
     # 0.09373, so 0.09375 gives the depth-4 runs' 120 steps and depths 2 and 3 33 and 66 steps.
-    # Training only (the CM reads final val bpb). Measured one at a time, single-threaded CPU seconds
-    # of the whole process: depth 2 7.4 (residual) and 7.6 (KromHC), depth 3 14.1 and 17.0; 46 s
-    # in all, 1.5x the 31 s of one depth-4 run.
+    # Training only (the CM reads final val bpb). Each run's whole process timed alone on 2 free
+    # cores: depth 2 5.6 s (residual) and 6.3 s (KromHC), depth 3 9.6 s and 11.4 s; 33 s in all,
+    # beside 19 s for one depth-4 run (training only) measured the same way.
     cpu) PLAN_ARGS+=(--ladder configs/cpu/residual.toml configs/cpu/kromhc.toml --depths 2 3 --ratio 0.09375
                      --ladder-prefix cpu_ladder --train-only) ;;
 esac
