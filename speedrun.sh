@@ -10,6 +10,19 @@
 #                                 # frac, AttnRes, and the paper's runs they are compared against
 #                                 # (skipped when done)
 #   bash speedrun.sh all          # every GPU mode above
+#   bash speedrun.sh ladder       # what a connection is worth: every variant of VARIANTS at every
+#                                 # depth of LADDER_DEPTHS, ratio-sized horizons, then scripts.compare
+#   bash speedrun.sh isoflop      # the budget x depth grid (FLOPS_BUDGETS x LADDER_DEPTHS), then
+#                                 # the compute-optimal frontier per variant (scripts.isoflop)
+#   bash speedrun.sh MODE --dry-run   # (or PLAN_ONLY=1) print the plan and its GPU-hours, train nothing
+#
+# The ladder and the grid (README.md, "The ladder and the iso-FLOP grid"): VARIANTS (default
+# residual,mhc,mhc_lite,kromhc; names of configs/paper/d12_<name>.toml, whose hyper-parameters the
+# runs keep, or TOML paths), LADDER_DEPTHS (default "6 8 10 12 14 16": the paper's D=6 and D=12
+# and four more), LADDER_RATIO (default 20 tokens per scaling parameter), FLOPS_BUDGETS (default
+# "2e17 6e17 2e18"). Their plan prices runs nothing has measured at an assumed MFU (PLAN_MFU,
+# default 0.4) of the peak of the GPU nvidia-smi names (PLAN_GPU overrides it, e.g. to plan a
+# node from a login machine); the arithmetic of the defaults is in README.md.
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
 # default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
@@ -31,10 +44,17 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MODE="${1:-}"
+USAGE="usage: bash speedrun.sh {cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop} [--dry-run]"
 case "$MODE" in
-    cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all) ;;
-    *) echo "usage: bash speedrun.sh {cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all}" >&2; exit 2 ;;
+    cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop) ;;
+    *) echo "$USAGE" >&2; exit 2 ;;
 esac
+case "${2:-}" in
+    "") ;;
+    --dry-run) PLAN_ONLY=1 ;;
+    *) echo "speedrun: error: unknown argument '$2'; $USAGE" >&2; exit 2 ;;
+esac
+PLAN_ONLY="${PLAN_ONLY:-0}"
 
 bash scripts/setup_env.sh
 source .venv/bin/activate
@@ -65,9 +85,11 @@ else
         frontier)  CONFIGS=(configs/frontier/*.toml configs/paper/d12_{residual,mhc,mhc_lite,kromhc}.toml) ;;
         all)       CONFIGS=(configs/paper/*.toml configs/n_scaling/*.toml configs/ablations/*.toml
                             configs/frontier/*.toml) ;;
+        ladder|isoflop) CONFIGS=() ;;  # derived runs: study_plan_args below
     esac
     # About 34M usable tokens per shard at T=2048 (nanochat's estimate): D=12 x 7000 steps x
-    # 524,288 tokens needs ~108 shards, D=6 x 2500 steps ~39. A margin on top.
+    # 524,288 tokens needs ~108 shards, D=6 x 2500 steps ~39. A margin on top. The ladder and
+    # the grid ask the plan (their longest run decides).
     if [ "$MODE" = paper-d6 ]; then SHARDS=45; else SHARDS=120; fi
     TOK_ARGS=()
     EVAL_ARGS=()
@@ -78,12 +100,40 @@ mkdir -p "$NANOCHAT_BASE_DIR"
 echo "speedrun: mode $MODE, $NPROC process(es), base dir $NANOCHAT_BASE_DIR"
 
 # ---- the plan: every run of the mode and its cost, before anything is spent
-PLAN_ARGS=(--configs "${CONFIGS[@]}" --seeds "${SEEDS:-1}" --nproc "$NPROC" --runs-root "$NANOCHAT_BASE_DIR/runs"
+source scripts/speedrun_lib.sh
+PLAN_ARGS=(--seeds "${SEEDS:-1}" --nproc "$NPROC" --runs-root "$NANOCHAT_BASE_DIR/runs"
            --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
+[ "${#CONFIGS[@]}" -eq 0 ] || PLAN_ARGS+=(--configs "${CONFIGS[@]}")
 [ "${VARY_DATA_ORDER:-0}" = 1 ] && PLAN_ARGS+=(--vary-data-order)
-[ "$MODE" = cpu ] && UNIT=CPU || UNIT=GPU
+VARIANTS="${VARIANTS:-residual,mhc,mhc_lite,kromhc}"
+LADDER_DEPTHS="${LADDER_DEPTHS:-6 8 10 12 14 16}"
+LADDER_RATIO="${LADDER_RATIO:-20}"
+FLOPS_BUDGETS="${FLOPS_BUDGETS:-2e17 6e17 2e18}"
+case "$MODE" in
+    ladder|isoflop) study_plan_args "$MODE" ;;
+    # The demo's ladder: the residual baseline and KromHC at depths 2 and 3 beside the depth-4 runs
+    # above, at their data ratio: 120 steps x 1024 tokens / 1,310,976 scaling params at depth 4 =
+    # 0.09373, so 0.09375 gives the depth-4 runs' 120 steps and depths 2 and 3 33 and 66 steps.
+    # Training only (the CM reads final val bpb). Each run's whole process timed alone on 2 free
+    # cores: depth 2 5.6 s (residual) and 6.3 s (KromHC), depth 3 9.6 s and 11.4 s; 33 s in all,
+    # beside 19 s for one depth-4 run (training only) measured the same way.
+    cpu) PLAN_ARGS+=(--ladder configs/cpu/residual.toml configs/cpu/kromhc.toml --depths 2 3 --ratio 0.09375
+                     --ladder-prefix cpu_ladder --train-only) ;;
+esac
+if [ "$MODE" = cpu ]; then
+    UNIT=CPU
+else
+    UNIT=GPU
+    GPU_NAME="${PLAN_GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)}"
+    PLAN_ARGS+=(--gpu-name "$GPU_NAME" --mfu "${PLAN_MFU:-0.4}")
+fi
 PLAN_FILE="$NANOCHAT_BASE_DIR/speedrun_$MODE.tsv"
 python -m scripts.plan "${PLAN_ARGS[@]}" --unit "$UNIT" --tsv "$PLAN_FILE"
+if [ "$PLAN_ONLY" = 1 ]; then
+    echo "speedrun: plan only (PLAN_ONLY=1 or --dry-run); the run list is $PLAN_FILE"
+    exit 0
+fi
+case "$MODE" in ladder|isoflop) SHARDS=$(python -m scripts.plan "${PLAN_ARGS[@]}" --shards) ;; esac
 
 # ---- data: the first shards now (the tokenizer trains on them), the rest in the background
 if [ "$MODE" = cpu ]; then
@@ -129,7 +179,6 @@ then
 fi
 
 # ---- train, evaluate and diagnose every run of the plan (scripts/speedrun_lib.sh)
-source scripts/speedrun_lib.sh
 lm_eval_ready
 TRAIN_ARGS=()
 [ "$CORE" = 1 ] || TRAIN_ARGS=(--core-metric-every -1)
@@ -143,16 +192,19 @@ run_all "$PLAN_FILE" || status=$?  # the failures are listed below, after the re
 # ---- inference cost per connection, for the report's Cost section. The cpu demo measures it
 # eagerly at its own size (about 5 s of CPU; compiling would cost minutes); elsewhere the
 # section names the command (scripts.bench --bench infer, or gpu_check's infer section).
-REPORT_ARGS=()
+REPORT_ARGS=(--runs "${RUN_DIRS[@]}")
+[ "${#CONFIGS[@]}" -eq 0 ] || REPORT_ARGS+=(--configs "${CONFIGS[@]}")
 if [ "$MODE" = cpu ] && python -m scripts.bench --bench infer --variants residual hc hc_identity mhc mhc_lite kromhc \
         --depth 4 --aspect-ratio 32 --head-dim 32 --vocab-size 4096 --window-pattern L --prefill-lens 128 \
         --infer-batches 1 --prompt-len 96 --new-tokens 32 --modes eager --warmup 1 --reps 3 \
         --out "$NANOCHAT_BASE_DIR/infer_bench.json" > "$NANOCHAT_BASE_DIR/infer_bench.log" 2>&1; then
-    REPORT_ARGS=(--infer-bench "$NANOCHAT_BASE_DIR/infer_bench.json")
+    REPORT_ARGS+=(--infer-bench "$NANOCHAT_BASE_DIR/infer_bench.json")
 fi
 
 # ---- the report: tables and figures beside the paper's numbers
-python -m scripts.report --runs "${RUN_DIRS[@]}" --configs "${CONFIGS[@]}" --out report "${REPORT_ARGS[@]}"
+python -m scripts.report "${REPORT_ARGS[@]}" --out report
+# ---- what a connection is worth: the compute multipliers over the mode's ladder, the frontier
+study_report "$MODE" || FAILED+=("the $MODE study's summary (its error line above)")
 if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "speedrun: report/README.md written; ${#FAILED[@]} run(s) failed (logs in $NANOCHAT_BASE_DIR/logs):" >&2
     printf '  %s\n' "${FAILED[@]}" >&2

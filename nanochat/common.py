@@ -138,7 +138,8 @@ def peak_memory_mib(device):
     return rss_kib / 1024
 
 
-# Dense bf16 peak FLOP/s of GPUs we know, for MFU (vendor data sheets, no sparsity).
+# Dense bf16 peak FLOP/s of GPUs we know, for MFU and the plan's estimates (NVIDIA's data sheets of
+# each GPU, the dense figure, not the "with sparsity" one; more specific names first).
 _PEAK_FLOPS = [
     ("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
     ("B200", 2250e12), ("GH200", 989e12), ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12),
@@ -162,12 +163,16 @@ def device_name(device):
     return platform.processor() or platform.machine() or device.type
 
 
-def get_peak_flops(device):
-    """Peak bf16 FLOP/s of the device, or inf when unknown (MFU then reads 0)."""
-    if device.type != "cuda":
-        return float("inf")
-    name = torch.cuda.get_device_name(device)
+def peak_flops_for(name):
+    """Peak bf16 FLOP/s of a GPU by its name (torch's or nvidia-smi's), or inf when unknown."""
     for key, flops in _PEAK_FLOPS:
         if key in name:
             return flops
     return float("inf")
+
+
+def get_peak_flops(device):
+    """Peak bf16 FLOP/s of the device, or inf when unknown (MFU then reads 0)."""
+    if device.type != "cuda":
+        return float("inf")
+    return peak_flops_for(torch.cuda.get_device_name(device))

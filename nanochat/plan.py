@@ -1,21 +1,30 @@
 """What a speedrun mode will train and what it will cost, before and while it spends.
 
-A mode is a list of configs, each trained with k seeds. Seed 0 is the config as written (its
-model_tag, its --seed, nanochat's fixed data order), so runs finished before seeds existed
-count; seed s > 0 is the run `<model_tag>_s<s>` with init seed `seed + s`, and with
-`vary_data_order` also the run `<model_tag>_s<s>_data` whose data order is shuffled by s.
+A mode is a list of run specs, each trained with k seeds. A spec is a config as written, or a
+run derived from one (the compute-multiplier ladder and the iso-FLOP grid): the config's
+settings with the depth and the horizon overridden, under its own model tag
+(`ladder_d8_kromhc`, `isoflop_6e17_d8_kromhc`). Seed 0 is the spec as it is (its model_tag, its
+--seed, nanochat's fixed data order), so runs finished before seeds existed count; seed s > 0 is
+the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order` also the run
+`<model_tag>_s<s>_data` whose data order is shuffled by s.
 
-The cost of a run is its training tokens over a measured throughput: from finished run
+The cost of a run is its training tokens over a throughput: measured, from finished run
 directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (schema in
 `read_gpu_check`), a run directory first when both measured the same variant and depth, a
-measurement of another variant at the same depth (marked ≈) when none did, else none and the
-plan says so.
+measurement of another variant at the same depth (marked ≈) when none did; else, on a GPU whose
+peak is known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed");
+else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
+the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
+device, which costs a torch import: done only when a throughput can use it).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
 """
 
+import contextlib
+import io
 import json
 import math
 import tomllib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +35,30 @@ DEFAULT_SEED = 42
 DEFAULT_DEPTH = 20
 DEFAULT_BATCH = 524288
 DEFAULT_STREAMS = 4
+DEFAULT_VOCAB = 32768  # tok_train's default, for a config that leaves vocab_size to the tokenizer
+# The MFU the plan assumes where nothing was measured: an assumption, not a measurement. Well-tuned
+# dense bf16 pretraining at these sizes on one H100 node runs at roughly 30-50 % of peak (nanochat's
+# logs print it); the HC variants' memory-bound stream passes sit below the residual baseline's.
+# A finished run or scripts.gpu_check replaces it with a measurement; --mfu (PLAN_MFU) changes it.
+ASSUMED_MFU = 0.40
+# Training tokens one FineWeb-Edu shard yields at T = 2048 (nanochat's estimate), for the shard count.
+TOKENS_PER_SHARD = 34e6
 
 
 def stream_count(variant, n):
     """n of a run: 1 for the single-state variants, else its hc_streams (unset or 0: the default)."""
     return 1 if variant in SINGLE_STATE else (n if n and n > 0 else DEFAULT_STREAMS)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a mode before its seeds: a config file, and for a derived run the base_train
+    settings that override the file's (depth, horizon, model_tag). `train_only`: the run is
+    judged by the final val bpb training logs (the ladder's and the grid's extra points), so
+    speedrun gives it no base_eval, lm-eval or diagnostics."""
+    config: str
+    overrides: tuple = ()  # ((setting, value), ...), in flag order
+    train_only: bool = False
 
 
 @dataclass
@@ -40,11 +68,13 @@ class PlannedRun:
     variant: str
     depth: int
     n: int
-    steps: int | None  # None: set by a FLOPs or data budget, known once training starts
+    steps: int | None  # None: set by a FLOPs budget or a data ratio, until `resolve` sizes it
     batch: int
-    flags: list = field(default_factory=list)  # extra base_train flags for this seed
+    flags: list = field(default_factory=list)  # extra base_train flags: the spec's overrides, then the seed's
     done_steps: int = 0
     finished: bool = False
+    train_only: bool = False
+    flops_per_token: float | None = None  # the model's estimate_flops, once `resolve` built it
 
     @property
     def tokens(self):
@@ -53,6 +83,11 @@ class PlannedRun:
     @property
     def tokens_left(self):
         return None if self.steps is None or self.finished else (self.steps - self.done_steps) * self.batch
+
+    @property
+    def flops(self):
+        """Training FLOPs of the whole run (the FLOPs-per-token convention of gpt.estimate_flops)."""
+        return None if self.tokens is None or self.flops_per_token is None else self.tokens * self.flops_per_token
 
 
 @dataclass
@@ -70,37 +105,123 @@ def seed_tag(tag, seed, vary_data_order):
     return f"{tag}_s{seed}" + ("_data" if vary_data_order else "")
 
 
-def plan_runs(config_paths, seeds=1, vary_data_order=False, runs_root=None):
-    """The runs of a mode in training order, with how far each already got."""
+def config_label(path):
+    """A config's name in derived tags: its file name without a leading depth
+    (configs/paper/d12_kromhc.toml -> kromhc, configs/cpu/mhc_lite.toml -> mhc_lite)."""
+    return re.sub(r"^d\d+_", "", Path(path).stem)
+
+
+def budget_label(flops):
+    """A FLOPs budget as a tag: 6e17, 2.15e18."""
+    mantissa, exponent = f"{flops:.6e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def horizon_overrides(ratio=None, budget=None):
+    """The settings of a ratio-sized (ladder) or budget-sized (iso-FLOP) horizon: the other two
+    horizon flags off, since --num-iterations wins over both in base_train."""
+    if (ratio is None) == (budget is None):
+        raise ValueError("a derived run needs exactly one horizon: a data ratio or a FLOPs budget")
+    return (("num_iterations", -1), ("target_flops", -1.0 if budget is None else float(budget)),
+            ("target_param_data_ratio", -1.0 if ratio is None else float(ratio)))
+
+
+def ladder_specs(configs, depths, ratio, prefix="ladder", train_only=False):
+    """Every config at every depth, trained for `ratio` tokens per scaling parameter:
+    `<prefix>_d<depth>_<label>`, the configs' other settings (the paper's hyper-parameters) kept."""
+    return [RunSpec(str(c), (("depth", d), *horizon_overrides(ratio=ratio),
+                             ("model_tag", f"{prefix}_d{d}_{config_label(c)}")), train_only)
+            for c in configs for d in depths]
+
+
+def isoflop_specs(configs, depths, budgets, prefix="isoflop", train_only=True):
+    """The budget x depth grid of every config: `<prefix>_<budget>_d<depth>_<label>`, each run
+    trained until it has spent the budget."""
+    return [RunSpec(str(c), (("depth", d), *horizon_overrides(budget=b),
+                             ("model_tag", f"{prefix}_{budget_label(b)}_d{d}_{config_label(c)}")), train_only)
+            for c in configs for b in budgets for d in depths]
+
+
+def _flag(name, value):
+    return ["--" + name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+
+
+def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
+    """The runs of a mode in training order, with how far each already got. `specs`: RunSpecs,
+    or config paths (each the config as written)."""
     if seeds < 1:
         raise ValueError(f"SEEDS must be at least 1 (got {seeds})")
-    configs = []
-    for path in config_paths:
-        config = tomllib.loads(Path(path).read_text())
+    resolved = []
+    for spec in specs:
+        spec = spec if isinstance(spec, RunSpec) else RunSpec(str(spec))
+        config = tomllib.loads(Path(spec.config).read_text()) | dict(spec.overrides)
         if not config.get("model_tag"):
-            raise ValueError(f"{path} has no model_tag: add model_tag = \"...\" so its run directory is known")
-        configs.append((path, config))
+            raise ValueError(f"{spec.config} has no model_tag: add model_tag = \"...\" so its run directory is known")
+        resolved.append((spec, config))
+    tags = [config["model_tag"] for _, config in resolved]
+    twice = sorted({t for t in tags if tags.count(t) > 1})
+    if twice:
+        raise ValueError(f"two runs of the mode would share the run directory {', '.join(twice)}: "
+                         "give their configs distinct file names or model tags")
     runs = []
-    # Seed by seed, every config within a seed: after the first pass the mode has a complete
+    # Seed by seed, every spec within a seed: after the first pass the mode has a complete
     # table, and each further pass narrows its intervals.
     for s in range(seeds):
-        for path, config in configs:
+        for spec, config in resolved:
             variant = config.get("hc", "residual")
             n = stream_count(variant, config.get("hc_streams"))
             steps = config.get("num_iterations", -1)
             tag = seed_tag(config["model_tag"], s, vary_data_order)
-            flags = []
+            flags = [v for name, value in spec.overrides if name != "model_tag" for v in _flag(name, value)]
+            if s > 0 or "model_tag" in dict(spec.overrides):
+                flags += ["--model-tag", tag]
             if s > 0:
-                flags = ["--model-tag", tag, "--seed", str(config.get("seed", DEFAULT_SEED) + s)]
+                flags += ["--seed", str(config.get("seed", DEFAULT_SEED) + s)]
                 if vary_data_order:
                     flags += ["--data-seed", str(s)]
-            run = PlannedRun(config=str(path), tag=tag, variant=variant, depth=config.get("depth", DEFAULT_DEPTH),
+            run = PlannedRun(config=spec.config, tag=tag, variant=variant, depth=config.get("depth", DEFAULT_DEPTH),
                              n=n, steps=steps if steps > 0 else None,
-                             batch=config.get("total_batch_size", DEFAULT_BATCH), flags=flags)
+                             batch=config.get("total_batch_size", DEFAULT_BATCH), flags=flags,
+                             train_only=spec.train_only)
             if runs_root is not None:
                 run.finished, run.done_steps = progress(Path(runs_root) / tag)
             runs.append(run)
     return runs
+
+
+_SHAPES = {}  # (config, flags without the seed's) -> (steps, flops per token): one build per shape
+
+
+def resolve(run):
+    """Size a run as base_train will: its steps (from a FLOPs budget or a data ratio when the
+    config gives none) and its FLOPs per token, from the model built on the meta device."""
+    if run.flops_per_token is not None:
+        return run
+    key = (run.config, tuple(run.flags[:run.flags.index("--model-tag")] if "--model-tag" in run.flags else run.flags))
+    if key not in _SHAPES:
+        import torch
+
+        from nanochat.gpt import GPT
+        from nanochat.train_config import model_config_for, num_iterations_for, parse_args
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text: training will say why
+                args = parse_args(["--config", run.config, *key[1]])
+            with torch.device("meta"):
+                model = GPT(model_config_for(args, args.vocab_size or DEFAULT_VOCAB))
+            steps, _ = num_iterations_for(args, model, args.total_batch_size)
+            _SHAPES[key] = (steps, float(model.estimate_flops()))
+        except (ValueError, SystemExit):
+            _SHAPES[key] = (None, None)  # a bad setting: left unpriced, its training fails with the reason
+    steps, run.flops_per_token = _SHAPES[key]
+    if run.steps is None:
+        run.steps = steps
+    return run
+
+
+def shards_needed(runs):
+    """FineWeb-Edu train shards the longest run reads (one pass, ~34M tokens a shard), plus 10 %."""
+    tokens = max((resolve(r).tokens or 0 for r in runs), default=0)
+    return max(1, math.ceil(1.1 * tokens / TOKENS_PER_SHARD))
 
 
 def progress(run_dir):
@@ -168,20 +289,57 @@ def read_gpu_check(path):
     return out
 
 
-def find_throughput(run, measured):
-    """The best measurement for a run: same variant, depth and n; else (marked ≈) the same depth."""
+@dataclass(frozen=True)
+class Assumption:
+    """Where nothing was measured: an MFU of the GPU's peak bf16 FLOP/s (common._PEAK_FLOPS)."""
+    gpu: str
+    peak: float  # FLOP/s of one GPU
+    mfu: float = ASSUMED_MFU
+
+    def throughput(self, run):
+        """Tokens/s of one GPU for a run, from its FLOPs per token."""
+        if resolve(run).flops_per_token is None:
+            return None
+        rate = self.mfu * self.peak / run.flops_per_token
+        return Throughput(run.variant, run.depth, run.n, rate,
+                          f"assumed: {self.mfu:.0%} MFU of {self.peak / 1e12:.0f} TFLOP/s, {self.gpu}")
+
+    def describe(self):
+        return (f"assumed: {self.mfu:.0%} MFU of the {self.gpu}'s peak bf16 {self.peak / 1e12:.0f} TFLOP/s (NVIDIA's "
+                "data sheet, dense), over each run's FLOPs per token (gpt.estimate_flops); an assumption, not a "
+                "measurement: a finished run or `python -m scripts.gpu_check` replaces it")
+
+
+def assumption_for(gpu_name, mfu=ASSUMED_MFU):
+    """The MFU assumption for a GPU by name, or None when the name is empty or its peak unknown."""
+    if not gpu_name:
+        return None
+    from nanochat.common import peak_flops_for
+    peak = peak_flops_for(gpu_name)
+    return Assumption(gpu_name, peak, mfu) if math.isfinite(peak) else None
+
+
+def find_throughput(run, measured, assumption=None):
+    """The best throughput for a run and how it was had: "measured" (same variant, depth and n),
+    "≈" (measured on another variant at the same depth), "assumed" (the MFU assumption), else
+    (None, None)."""
     exact = [m for m in measured if (m.variant, m.depth, m.n) == (run.variant, run.depth, run.n)]
     if exact:
-        return exact[0], False
+        return exact[0], "measured"
     same_depth = [m for m in measured if m.depth == run.depth]
-    return (same_depth[0], True) if same_depth else (None, False)
+    if same_depth:
+        return same_depth[0], "≈"
+    rate = None if assumption is None else assumption.throughput(run)
+    return (rate, "assumed") if rate is not None else (None, None)
 
 
-def seconds_left(run, measured, nproc):
+def seconds_left(run, measured, nproc, assumption=None):
     """Training seconds still to go for a run on nproc GPUs, or None when unknown."""
     if run.finished:
         return 0.0
-    m, _ = find_throughput(run, measured)
+    m, _ = find_throughput(run, measured, assumption)
+    if m is not None and run.steps is None:
+        resolve(run)  # a throughput to use: size the run now (a torch import)
     if m is None or run.tokens_left is None:
         return None
     return run.tokens_left / (m.per_gpu * nproc)
@@ -208,43 +366,57 @@ def format_count(value):
     return str(value)
 
 
-def plan_table(runs, measured, nproc, unit="GPU"):
-    """The plan as text: one line per run, then the total and what could not be estimated.
-    `unit` names what nproc counts (GPU, or CPU process for the offline demo)."""
+def format_flops(value):
+    return "—" if value is None else f"{value:.2e}"
+
+
+def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
+    """The plan as text: the total first, then one line per run, then what could not be
+    estimated and what the estimate assumes. `unit` names what nproc counts (GPU, or CPU process
+    for the offline demo); every run is sized (`resolve`) so that its tokens and FLOPs show."""
     from nanochat.common import text_table
-    rows, total, unknown = [], 0.0, []
+    rows, total, unknown, kinds = [], 0.0, [], set()
     for r in runs:
+        resolve(r)
         status = "finished" if r.finished else (f"resume at step {r.done_steps}" if r.done_steps else "to train")
-        m, approx = find_throughput(r, measured)
-        secs = seconds_left(r, measured, nproc)
+        m, kind = find_throughput(r, measured, assumption)
+        secs = seconds_left(r, measured, nproc, assumption)
         if secs is None:
             unknown.append(r.tag)
         else:
             total += secs
-        rate = "—" if m is None else ("≈ " if approx else "") + f"{format_count(m.per_gpu)} ({m.source})"
+            kinds.add(kind if secs else None)
+        rate = "—" if m is None else {"≈": "≈ ", "assumed": "assumed "}.get(kind, "") + format_count(m.per_gpu) \
+            + ("" if kind == "assumed" else f" ({m.source})")
         rows.append((r.tag, r.variant, r.depth, "—" if r.steps is None else r.steps, format_count(r.tokens),
-                     status, rate, "—" if secs is None else f"{secs * nproc / 3600:.2f}"))
-    lines = [text_table(("run", "variant", "D", "steps", "tokens", "status", f"tokens/s per {unit} (from)",
-                         f"{unit}-hours"), rows)]
+                     format_flops(r.flops), status, rate, "—" if secs is None else f"{secs * nproc / 3600:.2f}"))
     todo = [r for r in runs if not r.finished]
     head = f"{len(todo)} of {len(runs)} runs to train, on {nproc} x {unit}"
-    if len(unknown) == len(todo):
-        lines.append(f"{head}: their cost cannot be estimated")
+    if len(unknown) == len(todo) and todo:
+        lines = [f"{head}: their cost cannot be estimated"]
     else:
-        lines.append(f"{head}: about {total * nproc / 3600:.2f} {unit}-hours, {format_duration(total)} of training"
-                     + (" for the runs that can be estimated" if unknown else ""))
+        lines = [f"{head}: about {total * nproc / 3600:.2f} {unit}-hours, {format_duration(total)} of training"
+                 + (" for the runs that can be estimated" if unknown else "")
+                 + (" (partly assumed, see below)" if "assumed" in kinds and kinds - {"assumed", None}
+                    else " (assumed, see below)" if "assumed" in kinds else "")]
+    lines.append(text_table(("run", "variant", "D", "steps", "tokens", "FLOPs", "status",
+                             f"tokens/s per {unit} (from)", f"{unit}-hours"), rows))
     if unknown:
         reason = ("no tokens/s measured yet (no finished run and no gpu_check.json; run "
                   "`python -m scripts.gpu_check` to measure one)" if not measured else
-                  "no measurement at their depth, or steps set by a budget")
+                  "no measurement at their depth")
+        if assumption is None and unit == "GPU":
+            reason += "; no GPU with a known peak to assume an MFU of (set PLAN_GPU / --gpu-name)"
         lines.append(f"cannot estimate {', '.join(unknown)}: {reason}")
+    if "assumed" in kinds:
+        lines.append(assumption.describe() + ".")
     lines.append("≈: measured on another variant of the same depth. Evaluation time is not included.")
     return "\n".join(lines)
 
 
-def progress_line(runs, k, measured, nproc):
+def progress_line(runs, k, measured, nproc, assumption=None):
     """'run k of N: tag', with the time left for run k and the runs after it."""
-    left = [seconds_left(r, measured, nproc) for r in runs[k - 1:]]
+    left = [seconds_left(r, measured, nproc, assumption) for r in runs[k - 1:]]
     known = sum(s for s in left if s is not None)
     if None not in left:
         eta = format_duration(known)
@@ -252,4 +424,6 @@ def progress_line(runs, k, measured, nproc):
         eta = f"at least {format_duration(known)} ({left.count(None)} run(s) not estimable yet)"
     else:
         eta = "unknown until a run of this depth has finished or gpu_check.json exists"
-    return f"run {k} of {len(runs)}: {runs[k - 1].tag}; training left for the mode: {eta}"
+    return f"run {k} of {len(runs)}: {runs[k - 1].tag}; training left for the mode: {eta}" \
+        + (" (assumed MFU)" if assumption is not None and any(
+            find_throughput(r, measured, assumption)[1] == "assumed" for r in runs[k - 1:] if not r.finished) else "")

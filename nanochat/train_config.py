@@ -4,6 +4,7 @@ a flag given on the command line wins over the file). Also writes the resolved s
 back as TOML, so a run directory records exactly what ran."""
 
 import argparse
+import dataclasses
 import os
 import tomllib
 
@@ -233,3 +234,28 @@ def dumps_toml(values, header=""):
     lines = [f"# {line}" for line in header.splitlines()]
     lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def model_config_for(args, vocab_size):
+    """The model config of these settings: width, heads and context from depth, aspect ratio and
+    head dim as nanochat derives them; every flag that is a model config field (the connection's,
+    the attention kernel, the value embeddings) as it is. ValueError for a bad combination."""
+    from nanochat.gpt import GPTConfig, model_config_from_depth  # torch: only for who builds a model
+    model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    layout = {name: getattr(args, name) for name in FLAG_NAMES
+              if name in model_fields and name not in ("vocab_size", "window_pattern")}
+    return model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio, args.head_dim,
+                                   args.window_pattern, **layout)
+
+
+def num_iterations_for(args, model, tokens_per_step):
+    """Steps of the run and the flag that set them: --num-iterations, else the FLOPs budget over
+    FLOPs per step, else the tokens : scaling-params ratio (scripts.plan prices runs the same way)."""
+    if args.num_iterations > 0:
+        return args.num_iterations, "--num-iterations"
+    if args.target_flops > 0:
+        return round(args.target_flops / (model.estimate_flops() * tokens_per_step)), "--target-flops"
+    if args.target_param_data_ratio > 0:
+        return int(args.target_param_data_ratio * model.num_scaling_params()) // tokens_per_step, \
+            "--target-param-data-ratio"
+    raise SystemExit("error: no horizon: give --num-iterations, --target-flops or --target-param-data-ratio")

@@ -38,12 +38,11 @@ from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
-from nanochat.gpt import GPTConfig, attention_backend, build_model, model_config_from_depth  # noqa: E402
+from nanochat.gpt import attention_backend, build_model  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
-from nanochat.train_config import (FLAG_DEFAULTS, FLAG_NAMES, RESUMABLE_CHANGES, dumps_toml, parse_args,  # noqa: E402
-                                   settings)
+from nanochat.train_config import (FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, model_config_for,  # noqa: E402
+                                   num_iterations_for, parse_args, settings)
 
-MODEL_FIELDS = {f.name for f in dataclasses.fields(GPTConfig)}
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
                   "If yesterday was Friday, then tomorrow will be", "The opposite of hot is",
                   "The planets of the solar system are:", "My favorite color is", "If 5*x + 3 = 13, then x is"]
@@ -73,16 +72,6 @@ def muon_weight_decay(step, num_iterations, weight_decay):
 
 # ----------------------------------------------------------------------------- set-up helpers
 
-def model_config_for(args, vocab_size):
-    """The model config of these settings: width, heads and context from depth, aspect ratio and
-    head dim as nanochat derives them; every flag that is a model config field (the connection's,
-    the attention kernel, the value embeddings) as it is. ValueError for a bad combination."""
-    layout = {name: getattr(args, name) for name in FLAG_NAMES
-              if name in MODEL_FIELDS and name not in ("vocab_size", "window_pattern")}
-    return model_config_from_depth(args.depth, vocab_size, args.max_seq_len, args.aspect_ratio, args.head_dim,
-                                   args.window_pattern, **layout)
-
-
 def grad_accum_steps(total_batch_size, device_batch_size, seq_len, world_size):
     """Micro-steps per optimizer step, or one error naming batch sizes that would work."""
     per_step = device_batch_size * seq_len * world_size
@@ -97,17 +86,6 @@ def grad_accum_steps(total_batch_size, device_batch_size, seq_len, world_size):
         f"world_size = {device_batch_size} x {seq_len} x {world_size} = {per_step}. Use "
         + (f"--device-batch-size in {valid_dbs[-8:]}, or " if valid_dbs else "")
         + f"--total-batch-size {upper}" + (f" or {lower}" if lower > 0 else "") + ".")
-
-
-def num_iterations_for(args, model, tokens_per_step):
-    if args.num_iterations > 0:
-        return args.num_iterations, "--num-iterations"
-    if args.target_flops > 0:
-        return round(args.target_flops / (model.estimate_flops() * tokens_per_step)), "--target-flops"
-    if args.target_param_data_ratio > 0:
-        return int(args.target_param_data_ratio * model.num_scaling_params()) // tokens_per_step, \
-            "--target-param-data-ratio"
-    raise SystemExit("error: no horizon: give --num-iterations, --target-flops or --target-param-data-ratio")
 
 
 def check_resume_settings(saved, current, saved_world, world_size):

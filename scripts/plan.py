@@ -3,11 +3,18 @@
     python -m scripts.plan --configs configs/paper/d12_*.toml --seeds 3 --nproc 8
     python -m scripts.plan --configs ... --seeds 3 --tsv runs.tsv     # also write the run list
     python -m scripts.plan --configs ... --seeds 3 --progress 4        # "run 4 of 15 ..., ETA"
+    python -m scripts.plan --ladder configs/paper/d12_{residual,kromhc}.toml --depths 6 8 10 12 \\
+        --ratio 20 --nproc 8 --gpu-name "NVIDIA H100 80GB HBM3"       # the compute-multiplier ladder
+    python -m scripts.plan --isoflop configs/paper/d12_kromhc.toml --depths 6 8 10 --budgets 2e17 6e17
 
-The run list (--tsv) has one line per run: config, model tag, then the extra base_train
-flags of its seed, tab-separated; speedrun.sh trains them in that order. Throughput comes
-from finished runs under <base dir>/runs, else from <base dir>/gpu_check.json (or
---gpu-check FILE); see nanochat/plan.py.
+--configs are trained as written. --ladder and --isoflop derive runs from their configs (the
+configs' settings, the depth and the horizon overridden, tags `<prefix>_d<depth>_<label>` and
+`<prefix>_<budget>_d<depth>_<label>`, the label being the file name without a leading `d<N>_`);
+the three may be mixed, in that order. The run list (--tsv) has one line per run: config, model
+tag, `all` or `train` (train: no evaluation after training), then the extra base_train flags,
+tab-separated; speedrun.sh trains them in that order. Throughput comes from finished runs under
+<base dir>/runs, else from <base dir>/gpu_check.json (or --gpu-check FILE), else, for a GPU
+named by --gpu-name whose peak is known, from an assumed MFU (--mfu); see nanochat/plan.py.
 """
 
 import argparse
@@ -15,32 +22,60 @@ import sys
 from pathlib import Path
 
 from nanochat import plan
-
-
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from nanochat.cli import fraction, positive_float, positive_int, run
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m scripts.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", required=True, metavar="TOML", help="the mode's configs, in order")
-    parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per config (default 1)")
+    parser.add_argument("--configs", nargs="+", default=[], metavar="TOML", help="configs trained as written, in order")
+    parser.add_argument("--ladder", nargs="+", default=[], metavar="TOML",
+                        help="configs trained at every --depths with --ratio tokens per scaling parameter")
+    parser.add_argument("--isoflop", nargs="+", default=[], metavar="TOML",
+                        help="configs trained at every --depths for every FLOPs budget of --budgets")
+    parser.add_argument("--depths", nargs="+", type=positive_int(), metavar="D", help="depths of --ladder/--isoflop")
+    parser.add_argument("--ratio", type=positive_float(), help="tokens : scaling params of the ladder's runs")
+    parser.add_argument("--budgets", nargs="+", type=positive_float(), metavar="FLOPS",
+                        help="training FLOPs budgets of the iso-FLOP grid (e.g. 2e17 6e17 2e18)")
+    parser.add_argument("--ladder-prefix", default="ladder", help="tag prefix of the ladder's runs (default ladder)")
+    parser.add_argument("--isoflop-prefix", default="isoflop", help="tag prefix of the grid's runs (default isoflop)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="the derived runs get training alone (their final val bpb), no evaluation after it")
+    parser.add_argument("--seeds", type=positive_int(), default=1, help="seeds per config (default 1)")
     parser.add_argument("--vary-data-order", action="store_true",
                         help="seeds > 0 also shuffle the data order (tag suffix _s<seed>_data)")
-    parser.add_argument("--nproc", type=positive_int, default=1, help="GPUs (processes) per run")
+    parser.add_argument("--nproc", type=positive_int(), default=1, help="GPUs (processes) per run")
     parser.add_argument("--unit", default="GPU", help="what --nproc counts, for the printout (default GPU)")
     parser.add_argument("--runs-root", help="run directories (default <base dir>/runs)")
     parser.add_argument("--gpu-check", help="gpu_check.json (default <base dir>/gpu_check.json, if present)")
+    parser.add_argument("--gpu-name", default="",
+                        help="the GPU's name (nvidia-smi's): where nothing was measured, its peak bf16 FLOP/s at "
+                             "--mfu prices the runs, labelled as an assumption")
+    parser.add_argument("--mfu", type=fraction(), default=plan.ASSUMED_MFU,
+                        help=f"the MFU assumed with --gpu-name (default {plan.ASSUMED_MFU})")
     parser.add_argument("--tsv", help="write the run list here")
-    parser.add_argument("--progress", type=positive_int, metavar="K", help="print only 'run K of N' with the ETA")
-    return parser.parse_args(argv)
+    parser.add_argument("--progress", type=positive_int(), metavar="K", help="print only 'run K of N' with the ETA")
+    parser.add_argument("--shards", action="store_true",
+                        help="print only the FineWeb-Edu train shards the longest run needs")
+    args = parser.parse_args(argv)
+    if not (args.configs or args.ladder or args.isoflop):
+        parser.error("give the runs: --configs, --ladder or --isoflop (each a list of TOML files)")
+    if (args.ladder or args.isoflop) and not args.depths:
+        parser.error("--ladder and --isoflop need --depths D [D ...]")
+    if args.ladder and args.ratio is None:
+        parser.error("--ladder needs --ratio (tokens per scaling parameter, e.g. 20)")
+    if args.isoflop and not args.budgets:
+        parser.error("--isoflop needs --budgets FLOPS [FLOPS ...] (e.g. 2e17 6e17)")
+    return args
+
+
+def specs_of(args):
+    specs = [plan.RunSpec(c) for c in args.configs]
+    if args.ladder:
+        specs += plan.ladder_specs(args.ladder, args.depths, args.ratio, args.ladder_prefix, args.train_only)
+    if args.isoflop:
+        specs += plan.isoflop_specs(args.isoflop, args.depths, args.budgets, args.isoflop_prefix, args.train_only)
+    return specs
 
 
 def main(argv=None):
@@ -51,24 +86,31 @@ def main(argv=None):
         from nanochat.common import base_dir
         base = Path(base_dir())
     runs_root = Path(args.runs_root) if args.runs_root else base / "runs"
-    for path in args.configs:
+    for path in args.configs + args.ladder + args.isoflop:
         if not Path(path).is_file():
-            sys.exit(f"error: config {path} not found; pass existing TOML files to --configs")
+            sys.exit(f"error: config {path} not found; pass existing TOML files to --configs, --ladder or --isoflop")
     try:
-        runs = plan.plan_runs(args.configs, args.seeds, args.vary_data_order, runs_root)
+        runs = plan.plan_runs(specs_of(args), args.seeds, args.vary_data_order, runs_root)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     gpu_check = Path(args.gpu_check) if args.gpu_check else base / "gpu_check.json"
     measured = plan.measured_from_runs(runs_root) + (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
+    assumption = plan.assumption_for(args.gpu_name, args.mfu)
     if args.tsv:
-        Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, *r.flags]) + "\n" for r in runs))
-    if args.progress:
+        Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, "train" if r.train_only else "all", *r.flags])
+                                          + "\n" for r in runs))
+    if args.shards:
+        print(plan.shards_needed(runs))
+    elif args.progress:
         if args.progress > len(runs):
             sys.exit(f"error: --progress {args.progress} but the mode has {len(runs)} runs")
-        print(plan.progress_line(runs, args.progress, measured, args.nproc))
+        print(plan.progress_line(runs, args.progress, measured, args.nproc, assumption))
     else:
-        print(plan.plan_table(runs, measured, args.nproc, args.unit))
+        if args.gpu_name and assumption is None:
+            print(f"plan: no peak FLOP/s known for GPU {args.gpu_name!r} (nanochat/common.py's table); "
+                  "runs without a measurement cannot be priced")
+        print(plan.plan_table(runs, measured, args.nproc, args.unit, assumption))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -5,6 +5,8 @@
 # nproc), TRAIN_ARGS, EVALS and EVAL_ARGS (extra base_train / base_eval flags of the mode),
 # LM_EVAL (1: lm-evaluation-harness after CORE) and LM_EVAL_ARGS (its scripts.lm_eval flags).
 # Sets: RUN_DIRS (every run of the plan, for the report) and FAILED (run steps that failed).
+# A run the plan marks `train` (the compute-multiplier ladder's and grid's extra points) is
+# judged by the final val bpb its training logs: no evaluation, lm-eval or diagnostics after it.
 #
 # Preemption: a SIGTERM or SIGUSR1 to this shell (SLURM's --signal, Kubernetes, a spot
 # instance's notice) is passed on to the step in flight; a training step finishes its step,
@@ -114,7 +116,7 @@ lm_eval_ready() {
 # finished steps are skipped, interrupted training resumes, a failed step moves on to the
 # next run. Returns non-zero when any step failed, PREEMPTED_EXIT at once when preempted.
 run_all() {
-    local plan=$1 k=0 n logs fields config tag run_dir run_name stage status
+    local plan=$1 k=0 n logs fields config tag evals run_dir run_name stage status
     n=$(wc -l < "$plan")
     logs="$NANOCHAT_BASE_DIR/logs"
     mkdir -p "$logs"
@@ -127,6 +129,7 @@ run_all() {
         k=$((k + 1))
         config=${fields[0]}
         tag=${fields[1]}
+        evals=${fields[2]}
         run_dir="$NANOCHAT_BASE_DIR/runs/$tag"
         RUN_DIRS+=("$run_dir")
         run_name=dummy
@@ -139,19 +142,19 @@ run_all() {
         else
             stage=training
             run_step training "$run_dir" "$logs/$tag.train.log" launch -m scripts.base_train --config "$config" \
-                "${fields[@]:2}" --resume true --run "$run_name" "${TRAIN_ARGS[@]}" || status=$?
+                "${fields[@]:3}" --resume true --run "$run_name" "${TRAIN_ARGS[@]}" || status=$?
         fi
-        if [ "$status" -eq 0 ] && [ ! -f "$run_dir/eval.json" ]; then
+        if [ "$status" -eq 0 ] && [ "$evals" = all ] && [ ! -f "$run_dir/eval.json" ]; then
             stage=evaluation
             run_step evaluation "$run_dir" "$logs/$tag.eval.log" \
                 launch -m scripts.base_eval --model-tag "$tag" --eval "$EVALS" "${EVAL_ARGS[@]}" || status=$?
         fi
-        if [ "$status" -eq 0 ] && [ "${LM_EVAL:-0}" = 1 ] && [ ! -f "$run_dir/lm_eval.json" ]; then
+        if [ "$status" -eq 0 ] && [ "$evals" = all ] && [ "${LM_EVAL:-0}" = 1 ] && [ ! -f "$run_dir/lm_eval.json" ]; then
             stage=lm-eval
             run_step lm-eval "$run_dir" "$logs/$tag.lm_eval.log" \
                 launch -m scripts.lm_eval --model-tag "$tag" "${LM_EVAL_ARGS[@]}" || status=$?
         fi
-        if [ "$status" -eq 0 ] && [ ! -f "$run_dir/hc_stats.json" ]; then
+        if [ "$status" -eq 0 ] && [ "$evals" = all ] && [ ! -f "$run_dir/hc_stats.json" ]; then
             stage=diagnostics
             run_step diagnostics "$run_dir" "$logs/$tag.hc_report.log" \
                 python -m scripts.hc_report --checkpoint "$run_dir" || status=$?
@@ -164,4 +167,50 @@ run_all() {
         [ "$status" -eq 0 ] || FAILED+=("$tag ($stage)")
     done 3< "$plan"
     [ "${#FAILED[@]}" -eq 0 ]
+}
+
+# variant_config NAME: the config a ladder or grid run of the variant NAME starts from: a TOML
+# path as given, else configs/paper/d12_NAME.toml (the paper's hyper-parameters), else the
+# ablations' or the frontier's d12_NAME.toml. One error line naming the choices when none exists.
+variant_config() {
+    local name=$1 path
+    case "$name" in *.toml) [ -f "$name" ] && { echo "$name"; return 0; } ;; esac
+    for path in configs/paper/d12_"$name".toml configs/ablations/d12_"$name".toml configs/frontier/d12_"$name".toml; do
+        [ -f "$path" ] && { echo "$path"; return 0; }
+    done
+    echo "speedrun: error: no config for variant '$name' in VARIANTS; use one of:" \
+         "$(ls configs/{paper,ablations,frontier}/d12_*.toml | sed 's|.*/d12_||; s|\.toml$||' | sort -u | tr '\n' ' ')" \
+         "or a TOML path" >&2
+    return 1
+}
+
+# study_plan_args ladder|isoflop: append to PLAN_ARGS the compute-multiplier study's runs: every
+# variant of VARIANTS (comma-separated) at every depth of LADDER_DEPTHS, sized by the data ratio
+# LADDER_RATIO (ladder) or by each FLOPs budget of FLOPS_BUDGETS (isoflop, training only).
+study_plan_args() {
+    local kind=$1 names name path configs=()
+    IFS=, read -r -a names <<< "$VARIANTS"
+    for name in "${names[@]}"; do
+        path=$(variant_config "$name") || return 1
+        configs+=("$path")
+    done
+    # shellcheck disable=SC2206  # the depth and budget lists split on spaces
+    if [ "$kind" = ladder ]; then
+        PLAN_ARGS+=(--ladder "${configs[@]}" --depths $LADDER_DEPTHS --ratio "$LADDER_RATIO")
+    else
+        PLAN_ARGS+=(--isoflop "${configs[@]}" --depths $LADDER_DEPTHS --budgets $FLOPS_BUDGETS --train-only)
+    fi
+}
+
+# study_report MODE: after the report, what a connection is worth over the mode's runs under
+# $NANOCHAT_BASE_DIR/runs: scripts.compare on the ladder (cpu: the demo's runs, the depth-4 ones
+# and the ladder's; ladder: ladder_*), scripts.isoflop on the grid (isoflop_*); into report/
+# (REPORT_DIR). Other modes: nothing. Non-zero when the command failed.
+study_report() {
+    local out="${REPORT_DIR:-report}" root="$NANOCHAT_BASE_DIR/runs"
+    case "$1" in
+        cpu)     python -m scripts.compare --runs-root "$root" --select 'cpu_*' --json "$out/compare.json" --out "$out/compare" ;;
+        ladder)  python -m scripts.compare --runs-root "$root" --select 'ladder_*' --json "$out/compare.json" --out "$out/compare" ;;
+        isoflop) python -m scripts.isoflop --runs-root "$root" --select 'isoflop_*' --json "$out/isoflop.json" ;;
+    esac
 }

@@ -215,8 +215,8 @@ def test_config_resolves_through_base_train_and_builds_its_model(path):
     import torch
 
     from nanochat.gpt import GPT
-    from nanochat.train_config import parse_args
-    from scripts.base_train import grad_accum_steps, model_config_for
+    from nanochat.train_config import model_config_for, parse_args
+    from scripts.base_train import grad_accum_steps
 
     args = parse_args(["--config", str(path)])
     config = model_config_for(args, args.vocab_size or 32768)

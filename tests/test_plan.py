@@ -63,7 +63,7 @@ def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
     runs = plan.plan_runs([a, k, d6], seeds=2, runs_root=root)
     # a_s1: 100 steps x 1000 tokens on 4 GPUs at 1000 tokens/s each.
     assert plan.seconds_left(runs[3], measured, nproc=4) == pytest.approx(100 * 1000 / 4000)
-    assert plan.find_throughput(runs[1], measured)[1] is True  # KromHC priced from mHC's run: marked ≈
+    assert plan.find_throughput(runs[1], measured)[1] == "≈"  # KromHC priced from mHC's run: marked ≈
     assert plan.seconds_left(runs[2], measured, 4) is None  # nothing measured at D=6
     text = plan.plan_table(runs, measured, nproc=4)
     assert "cannot estimate d6, d6_s1" in text and "finished" in text
@@ -94,7 +94,7 @@ def test_cli_writes_the_run_list_and_refuses_bad_input(tmp_path, capsys):
     root = tmp_path / "runs"
     plan_cli.main(["--configs", a, "--seeds", "2", "--runs-root", str(root), "--gpu-check", str(tmp_path / "none.json"),
                    "--tsv", str(tsv)])
-    assert tsv.read_text().splitlines() == [f"{a}\ta", f"{a}\ta_s1\t--model-tag\ta_s1\t--seed\t43"]
+    assert tsv.read_text().splitlines() == [f"{a}\ta\tall", f"{a}\ta_s1\tall\t--model-tag\ta_s1\t--seed\t43"]
     assert "their cost cannot be estimated" in capsys.readouterr().out
     plan_cli.main(["--configs", a, "--seeds", "2", "--runs-root", str(root), "--gpu-check", "x", "--progress", "2"])
     assert capsys.readouterr().out.startswith("run 2 of 2: a_s1")
@@ -108,3 +108,86 @@ def test_cli_writes_the_run_list_and_refuses_bad_input(tmp_path, capsys):
 
 def test_format_duration():
     assert [plan.format_duration(s) for s in (5, 754, 4 * 3600 + 300, None)] == ["5s", "12m34s", "4h05m", "—"]
+
+
+def test_ladder_and_isoflop_runs_are_derived_from_their_configs(tmp_path):
+    """Each config at each depth under its own tag, the horizon flags base_train reads, and the
+    steps base_train would compute (num_iterations_for on the model of those settings)."""
+    k = write_config(tmp_path, "d12_kromhc", hc="kromhc", vocab_size=512, max_seq_len=64, head_dim=32)
+    r = write_config(tmp_path, "d12_residual", hc="residual", vocab_size=512, max_seq_len=64, head_dim=32)
+    ladder = plan.plan_runs(plan.ladder_specs([r, k], [2, 4], ratio=20), seeds=2)
+    assert [x.tag for x in ladder[:4]] == ["ladder_d2_residual", "ladder_d4_residual", "ladder_d2_kromhc",
+                                          "ladder_d4_kromhc"]
+    assert ladder[1].flags == ["--depth", "4", "--num-iterations", "-1", "--target-flops", "-1.0",
+                               "--target-param-data-ratio", "20.0", "--model-tag", "ladder_d4_residual"]
+    assert ladder[5].tag == "ladder_d4_residual_s1" and ladder[5].flags[-4:] == [
+        "--model-tag", "ladder_d4_residual_s1", "--seed", str(plan.DEFAULT_SEED + 1)]
+    assert ladder[1].steps is None and ladder[1].depth == 4 and not ladder[1].train_only
+
+    import torch
+
+    from nanochat.gpt import GPT
+    from nanochat.train_config import model_config_for, parse_args
+    args = parse_args(["--config", r, "--depth", "4"])
+    with torch.device("meta"):
+        model = GPT(model_config_for(args, 512))
+    plan.resolve(ladder[1])
+    assert ladder[1].steps == int(20 * model.num_scaling_params()) // 1000
+    assert ladder[1].flops_per_token == model.estimate_flops()
+    assert ladder[1].flops == ladder[1].steps * 1000 * model.estimate_flops()
+
+    grid = plan.plan_runs(plan.isoflop_specs([k], [2, 4], [2e9, 6.5e10], train_only=True))
+    assert [x.tag for x in grid] == ["isoflop_2e9_d2_kromhc", "isoflop_2e9_d4_kromhc", "isoflop_6.5e10_d2_kromhc",
+                                     "isoflop_6.5e10_d4_kromhc"]
+    assert grid[3].train_only and grid[3].flags[4:8] == ["--target-flops", "65000000000.0",
+                                                         "--target-param-data-ratio", "-1.0"]
+    for run in grid:  # every run of a budget spends it, to one step
+        plan.resolve(run)
+        assert abs(run.flops - float(run.flags[5])) <= run.flops_per_token * run.batch / 2
+    with pytest.raises(ValueError, match="share the run directory ladder_d2_kromhc"):
+        plan.plan_runs(plan.ladder_specs([k, k], [2], ratio=20))
+
+
+def test_gpu_hours_from_an_assumed_mfu_where_nothing_was_measured(tmp_path):
+    """H100: 989e12 FLOP/s dense bf16; at 40 % MFU a run costs tokens x FLOPs per token /
+    (0.4 x 989e12) GPU-seconds, labelled as an assumption; a measurement wins over it."""
+    k = write_config(tmp_path, "d12_kromhc", hc="kromhc", vocab_size=512, max_seq_len=64, head_dim=32)
+    runs = plan.plan_runs(plan.ladder_specs([k], [2, 4], ratio=20), runs_root=tmp_path / "runs")
+    h100 = plan.assumption_for("NVIDIA H100 80GB HBM3")
+    assert (h100.peak, h100.mfu) == (989e12, 0.4)
+    assert plan.assumption_for("Some Future GPU") is None and plan.assumption_for("") is None
+    gpu_seconds = [plan.resolve(r).flops / (0.4 * 989e12) for r in runs]
+    assert plan.seconds_left(runs[0], [], 8, h100) == pytest.approx(gpu_seconds[0] / 8)
+    text = plan.plan_table(runs, [], 8, assumption=h100)
+    assert text.splitlines()[0] == (f"2 of 2 runs to train, on 8 x GPU: about {sum(gpu_seconds) / 3600:.2f} "
+                                    f"GPU-hours, {plan.format_duration(sum(gpu_seconds) / 8)} of training "
+                                    "(assumed, see below)")
+    assert "assumed: 40% MFU of the NVIDIA H100 80GB HBM3's peak bf16 989 TFLOP/s" in text
+    assert "cannot" not in text
+    measured = [plan.Throughput("kromhc", 2, 4, 1000.0, "run x")]
+    assert plan.find_throughput(runs[0], measured, h100)[1] == "measured"
+    assert plan.find_throughput(runs[1], measured, h100)[1] == "assumed"
+    assert "(partly assumed, see below)" in plan.plan_table(runs, measured, 8, assumption=h100).splitlines()[0]
+    line = plan.progress_line(runs, 1, [], 8, h100)
+    assert line.startswith("run 1 of 2: ladder_d2_kromhc; training left for the mode: ") and "assumed MFU" in line
+
+
+def test_cli_of_the_ladder_and_the_grid(tmp_path, capsys):
+    k = write_config(tmp_path, "d12_kromhc", hc="kromhc", vocab_size=512, max_seq_len=64, head_dim=32)
+    common = ["--runs-root", str(tmp_path / "runs"), "--gpu-check", "x"]
+    tsv = tmp_path / "plan.tsv"
+    plan_cli.main(["--configs", k, "--ladder", k, "--depths", "2", "--ratio", "20", "--isoflop", k, "--budgets",
+                   "1e9", "--train-only", "--tsv", str(tsv), "--gpu-name", "NVIDIA A100-SXM4-80GB", *common])
+    rows = [line.split("\t")[:3] for line in tsv.read_text().splitlines()]
+    assert rows == [[k, "d12_kromhc", "all"], [k, "ladder_d2_kromhc", "train"], [k, "isoflop_1e9_d2_kromhc", "train"]]
+    assert "assumed: 40% MFU of the NVIDIA A100-SXM4-80GB's peak bf16 312 TFLOP/s" in capsys.readouterr().out
+    plan_cli.main(["--ladder", k, "--depths", "2", "--ratio", "20", "--gpu-name", "Mystery GPU", *common])
+    assert "no peak FLOP/s known for GPU 'Mystery GPU'" in capsys.readouterr().out
+    plan_cli.main(["--ladder", k, "--depths", "2", "--ratio", "20", "--shards", *common])
+    assert capsys.readouterr().out.strip() == "1"
+    for bad in ([], ["--ladder", k, "--ratio", "20"], ["--ladder", k, "--depths", "2"],
+                ["--isoflop", k, "--depths", "2"], ["--ladder", k, "--depths", "2", "--ratio", "0"],
+                ["--ladder", k, "--depths", "2", "--ratio", "20", "--mfu", "2"]):
+        with pytest.raises(SystemExit) as e:
+            plan_cli.main([*bad, *common])
+        assert e.value.code == 2, bad

@@ -175,7 +175,7 @@ def lm_eval_driver(tmp_path, tasks, status):
     run_dir.mkdir(parents=True)
     for name in ("summary.json", "eval.json", "hc_stats.json"):
         (run_dir / name).write_text("{}")
-    (base / "plan.tsv").write_text("configs/none.toml\tt_done\n")
+    (base / "plan.tsv").write_text("configs/none.toml\tt_done\tall\n")
     task_dir = tmp_path / "tasks"
     task_dir.mkdir(exist_ok=True)
     (task_dir / "local.yaml").write_text(f"task: local\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"

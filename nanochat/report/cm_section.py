@@ -9,9 +9,11 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from nanochat.isoflop import is_grid_run
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.figures import add_legend
 from nanochat.report.format import MISSING, md_table
+from nanochat.report.isoflop_section import isoflop_markdown
 
 MEANINGS = [
     "- **CM (ladder-final)**, the default: the compute the baseline needs to reach the variant's final bpb, "
@@ -171,16 +173,17 @@ def write_figures(study, out_dir, prefix="cm"):
 
 
 def isoflop_subsection(runs, out_dir):
-    """Hook for the iso-FLOP frontier subsection of the report (the frontier's own module fills
-    it): markdown, or None when there is nothing to add."""
-    return None
+    """The iso-FLOP frontier subsection of the report (nanochat/report/isoflop_section.py):
+    markdown, or None when no run was trained to a FLOPs budget."""
+    return isoflop_markdown(runs, out_dir) or None
 
 
 def cm_section(runs, out_dir, baseline_label="residual"):
     """The report's "Compute multiplier" section over all its runs, grouped by connection label;
     says what is missing when there are not enough runs for a reading."""
     messages = []
-    spends = pool([r for r in runs if r.found], messages)
+    # The iso-FLOP grid's runs (several per depth) have their own reading, the frontier below.
+    spends = pool([r for r in runs if r.found and not is_grid_run(r)], messages)
     baseline, variants = select_groups(spends, baseline_label)
     depths = sorted({s.depth for s in baseline})
     need = []
