@@ -19,7 +19,6 @@ beside "baseline" (its runs and fit), "device" and "messages".
 """
 
 import argparse
-import fnmatch
 import json
 import re
 import sys
@@ -30,7 +29,7 @@ from nanochat.common import text_table
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.cm_section import MEANINGS, markdown, write_figures
 from nanochat.report.compute import tag_of
-from nanochat.report.runs import discover_runs, load_run
+from nanochat.report.runs import load_run, select_runs
 
 NAME = re.compile(r"^[A-Za-z0-9_.+()= -]+$")
 
@@ -95,16 +94,8 @@ def print_study(study):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.runs_root:
-        root = Path(args.runs_root)
-    else:
-        from nanochat.common import base_dir
-        root = Path(base_dir()) / "runs"
-    if not root.is_dir():
-        raise SystemExit(f"error: runs root {root} does not exist: train first, or pass --runs-root DIR")
-    dirs = [d for d in discover_runs(root) if fnmatch.fnmatch(d.name, args.select)]
-    if not dirs:
-        raise SystemExit(f"error: no run directory under {root} matches --select {args.select!r}")
+    dirs = select_runs(args.runs_root, args.select)
+    root = dirs[0].parent
     names = [d.name for d in dirs]
     variant_tags = dict(args.variant) if args.variant else None
     for flag, wanted in (("--baseline", args.baseline or []),

@@ -11,7 +11,6 @@ connection and budget (warnings on stderr); --json writes {"baseline", "baseline
 """
 
 import argparse
-import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from nanochat.cli import run
 from nanochat.common import text_table
 from nanochat.report.isoflop_section import BASELINE_LABEL, HEADER, NOTE, rows, study
-from nanochat.report.runs import discover_runs, load_run
+from nanochat.report.runs import load_run, select_runs
 
 
 def build_parser():
@@ -35,12 +34,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.runs_root:
-        root = Path(args.runs_root)
-    else:
-        from nanochat.common import base_dir
-        root = Path(base_dir()) / "runs"
-    dirs = [d for d in discover_runs(root) if fnmatch.fnmatch(d.name, args.select)]
+    dirs = select_runs(args.runs_root, args.select)
     result, front, _ = study([load_run(d) for d in dirs], args.baseline_label)
     for line in result["messages"]:
         print(line, file=sys.stderr)

@@ -6,6 +6,7 @@ A run matches a paper row when depth, variant, number of streams n, KromHC facto
 alpha_res sharing agree. Training length is not part of the match; the tables show it.
 """
 
+import fnmatch
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -179,6 +180,23 @@ def discover_runs(root):
     if not root.is_dir():
         raise SystemExit(f"runs root {root} does not exist: train first, or pass --runs DIR ...")
     return sorted(p for p in root.iterdir() if p.is_dir() and any((p / f).is_file() for f in RUN_FILES))
+
+
+def select_runs(runs_root, pattern):
+    """The run directories under `runs_root` (default: the base dir's runs/) whose names match the
+    glob `pattern`, for the study scripts (scripts.compare, scripts.isoflop): one error line when
+    the root is missing or nothing matches."""
+    if runs_root:
+        root = Path(runs_root)
+    else:
+        from nanochat.common import base_dir
+        root = Path(base_dir()) / "runs"
+    if not root.is_dir():
+        raise SystemExit(f"error: runs root {root} does not exist: train first, or pass --runs-root DIR")
+    dirs = [d for d in discover_runs(root) if fnmatch.fnmatch(d.name, pattern)]
+    if not dirs:
+        raise SystemExit(f"error: no run directory under {root} matches --select {pattern!r}")
+    return dirs
 
 
 def read_config(path):
