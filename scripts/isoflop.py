@@ -35,6 +35,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     dirs = select_runs(args.runs_root, args.select)
+    root = dirs[0].parent
     result, front, _ = study([load_run(d) for d in dirs], args.baseline_label)
     for line in result["messages"]:
         print(line, file=sys.stderr)
