@@ -13,7 +13,7 @@ from nanochat.report.runs import load_run, read_metrics
 from scripts import report as report_cli
 
 STEPS = 40
-RES_TOTAL = {6: 73_531_692, 12: 286_262_424}  # nanochat's totals; any numbers would do
+RES_TOTAL = {2: 1_310_976, 6: 73_531_692, 12: 286_262_424}  # nanochat's totals; any numbers would do
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -165,6 +165,19 @@ def test_core_task_tables(built):
                                                               paper.COMMONSENSE[(6, "kromhc")][1],
                                                               paper.COMMONSENSE[(6, "kromhc")][-1])]
     assert row(rows, Run="d6_mhc")["Avg"] == MISSING  # no CORE at all
+
+
+def test_no_core_task_table_without_a_number(tmp_path):
+    """A ladder's training-only runs at a depth the paper lacks leave no all-dash task tables; at
+    a paper depth the paper's rows still show beside runs not yet evaluated."""
+    dirs = [write_run(tmp_path / "runs", "d2_residual", cfg(2, "residual")),
+            write_run(tmp_path / "runs", "d2_kromhc", cfg(2, "kromhc")),
+            write_run(tmp_path / "runs", "d6_kromhc", cfg(6, "kromhc"))]
+    report_cli.main(["--runs", *map(str, dirs), "--out", str(tmp_path / "report")])
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "## Main results, D=2" in readme and "### Commonsense and reasoning, D=2" not in readme
+    assert "### Language modeling, BigBench, evaluation suite, D=2" not in readme
+    assert row(table(section(readme, "### Commonsense and reasoning, D=6")), Method="KromHC (paper)")
 
 
 def test_n_scaling_and_ablations(built):

@@ -114,10 +114,11 @@ def task_table(runs, depth, columns, paper_rows, groups=None):
     """Tables 4/5 layout: for each row of runs (one per seed group) ours and, when it matches,
     the paper's row beneath."""
     header = ("Method", "Run", "Avg") + tuple(h for h, _ in columns)
-    rows, partial = [], []
+    rows, partial, filled = [], [], False
     for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and is_main(r)), key=method_order):
         members = row_members(r, groups)
         averages = [task_average(m, columns) for m in members]
+        filled |= any(a is not None for a, _ in averages)
         avg = fmt_seeds([a for a, _ in averages], ".1f")
         if any(missing for _, missing in averages):
             avg += "*"
@@ -126,8 +127,9 @@ def task_table(runs, depth, columns, paper_rows, groups=None):
                     + tuple(fmt_seeds([task_accuracy(m, label) for m in members], ".1f") for _, label in columns))
         key = paper_key(r)
         if key in paper_rows:
+            filled = True
             rows.append((f"{method_label(r)} (paper)", "", *(fmt(v, ".1f") for v in paper_rows[key])))
-    if not rows:
+    if not filled:  # nothing to show: e.g. training-only runs (a ladder's) at a depth the paper lacks
         return None
     notes = ["Accuracy in percent; Avg is the mean of the tasks shown, as in the paper."]
     if partial:
