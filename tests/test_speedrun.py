@@ -86,8 +86,9 @@ def test_one_failure_does_not_stop_the_others(tmp_path, small_corpus_dir, tokeni
     assert row(listed, Run="t_residual")["Status"] == "complete"
 
 
-# The real loop; evaluation and diagnostics, tested elsewhere, only have to succeed here.
-PREEMPT_DRIVER = r"""
+# speedrun_lib with evaluation and diagnostics, tested elsewhere, stood in for by files that
+# say they succeeded; training through the real launch.
+REAL_TRAINING = r"""
 set -euo pipefail
 source scripts/speedrun_lib.sh
 eval "lib_$(declare -f launch)"
@@ -99,6 +100,9 @@ launch() {
     fi
     lib_launch "$@"
 }
+"""
+# The real loop.
+PREEMPT_DRIVER = REAL_TRAINING + r"""
 NPROC=$1 WANDB_RUN=dummy
 shift
 PLAN_ARGS=(--configs "$@" --runs-root "$NANOCHAT_BASE_DIR/runs" --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")

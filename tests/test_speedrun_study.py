@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from test_seeds import TINY_CONFIG
+from test_speedrun import REAL_TRAINING
 from test_train_e2e import REPO, env_for, make_base
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -53,18 +54,7 @@ def test_plan_only_prints_the_ladder_and_the_grid_with_their_gpu_hours(tmp_path)
 
 # The real functions; evaluation and diagnostics of the ladder's runs, tested elsewhere, only
 # have to succeed here (the grid's runs are training-only anyway), and the progress line.
-DRIVER = r"""
-set -euo pipefail
-source scripts/speedrun_lib.sh
-eval "lib_$(declare -f launch)"
-launch() {
-    if [ "$2" = scripts.base_eval ]; then
-        echo '{}' > "$NANOCHAT_BASE_DIR/runs/$4/eval.json"
-        echo '{}' > "$NANOCHAT_BASE_DIR/runs/$4/hc_stats.json"
-        return 0
-    fi
-    lib_launch "$@"
-}
+DRIVER = REAL_TRAINING + r"""
 # The "run k of N" line (test_plan.py's) stubbed: it would start one more process per run.
 python() { if [[ " $* " == *" --progress "* ]]; then echo "run $*"; else command python "$@"; fi; }
 NPROC=1 WANDB_RUN=dummy TRAIN_ARGS=(--device-type cpu) EVALS=bpb EVAL_ARGS=()
