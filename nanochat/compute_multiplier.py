@@ -12,7 +12,8 @@ Three readings (see the README, "What is a connection worth?"):
   the baseline's eval curve of the same depth as straight segments in (ln FLOPs, ln bpb),
   the first segment that crosses the anchor, the boundary segment extended (and flagged)
   outside the curve. Kept beside ours for comparison: on warmup-stable-decay schedules it
-  reads a better variant through the last warmdown segment and is biased toward 1.
+  reads a better variant through the last warmdown segment extended, so it is biased (on
+  the LR-annealing curves of tests/cm_curves.py, true CM 1.22: 1.16-1.38 across depths).
 
 The fit is least squares in bpb. For a fixed exponent c the model is linear in (a, b), so
 the fit profiles over c (a log grid, then a golden-section refinement) with (a, b) in
