@@ -178,6 +178,10 @@ def test_no_core_task_table_without_a_number(tmp_path):
     assert "## Main results, D=2" in readme and "### Commonsense and reasoning, D=2" not in readme
     assert "### Language modeling, BigBench, evaluation suite, D=2" not in readme
     assert row(table(section(readme, "### Commonsense and reasoning, D=6")), Method="KromHC (paper)")
+    report_cli.main(["--runs", *map(str, dirs[:2]), "--out", str(tmp_path / "d2")])
+    core = section((tmp_path / "d2" / "README.md").read_text(),
+                   f"## CORE tasks ({paper.COMMONSENSE_TABLE}, {paper.LANGUAGE_TABLE})")
+    assert "No run here has CORE task results" in core and "|" not in core
 
 
 def test_n_scaling_and_ablations(built):

@@ -92,6 +92,7 @@ def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None
                 parts.append(f"- Paper ({paper.GRAD_ZOOM_FIGURE}, {paper.GRAD_FULL_FIGURE}): {paper.GRAD_CLAIM}.")
 
     parts.append(f"## CORE tasks ({paper.COMMONSENSE_TABLE}, {paper.LANGUAGE_TABLE})")
+    core_heading = len(parts)
     for depth in depths:
         for title, columns, table in (("Commonsense and reasoning", paper.COMMONSENSE_COLUMNS, paper.COMMONSENSE),
                                       ("Language modeling, BigBench, evaluation suite", paper.LANGUAGE_COLUMNS, paper.LANGUAGE)):
@@ -99,6 +100,10 @@ def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None
             if text:
                 sentence = task_sentence(paper_runs, depth, groups, lambda r, columns=columns: task_average(r, columns)[0])
                 parts += [f"### {title}, D={depth}", text + "\n" + sentence]
+    if len(parts) == core_heading:
+        parts.append("- No run here has CORE task results, and the paper has none at these depths: "
+                     "`python -m scripts.base_eval --model-tag TAG --eval core` measures them (the CPU demo "
+                     "runs it when the CORE bundle can be downloaded or `NANOCHAT_EVAL_BUNDLE` names one).")
 
     parts += ["## lm-evaluation-harness (not in the paper)", harness_section(runs, groups)]
     parts += ["## Compute multiplier (not in the paper)", cm_section(runs, out)]
