@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from nanochat import compute_multiplier as cm
 from nanochat.report.compute import spend_of, tag_of
 from nanochat.report.runs import seed_groups
-from nanochat.report.stats import holm
+from nanochat.report.stats import geomean, holm
 
 BASELINE_LABEL = "residual"
 
@@ -38,11 +38,6 @@ class Study:
 def _mean(values):
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def _geomean(values):
-    values = [v for v in values if v is not None and 0 < v < math.inf]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def pool(runs, messages):
@@ -217,7 +212,7 @@ def _variant(study, cells, sigma, sigma_source, resamples):
                "nanochat_extrapolated": None, "reconstructed": sorted({f for s in members for f in s.reconstructed})}
         if law is not None:
             readings = [cm.ladder_cm(law, base_finals, s.flops, s.bpb) for s in members]
-            row["cm"] = _geomean(r.cm for r in readings)
+            row["cm"] = geomean(r.cm for r in readings)
             # an anchor at or below the fit's floor a: no baseline compute reaches it (JSON has no inf)
             row["below_floor"] = any(math.isinf(r.cm) for r in readings)
             row["extrapolated"] = not (min(base_finals) <= row["bpb"] <= max(base_finals))
@@ -229,7 +224,7 @@ def _variant(study, cells, sigma, sigma_source, resamples):
             elif row["cm"] is not None:
                 row["cm_ci_kind"] = f"unknown: one seed, and {sigma_source}" if sigma is None else "unknown"
         if wall_law is not None and all(s.seconds for s in members):
-            row["wall_cm"] = _geomean(cm.ladder_cm(wall_law, base_finals, s.seconds, s.bpb).cm for s in members)
+            row["wall_cm"] = geomean(cm.ladder_cm(wall_law, base_finals, s.seconds, s.bpb).cm for s in members)
         if depth in study.baseline:
             row.update(_per_tag(study.baseline[depth], members))
         per_depth.append(row)
@@ -258,7 +253,7 @@ def _per_tag(base_members, members):
             readings.append(r)
     if not readings:
         return {}
-    return {"nanochat_cm": _geomean(r.cm for r in readings),
+    return {"nanochat_cm": geomean(r.cm for r in readings),
             "nanochat_extrapolated": any(r.extrapolated for r in readings)}
 
 

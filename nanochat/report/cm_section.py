@@ -116,17 +116,8 @@ def plot_finals(study, path):
     for name, v in study.result.get("variants", {}).items():
         rows = v["per_depth"]
         line, = ax.plot([r["flops"] for r in rows], [r["bpb"] for r in rows], marker="o", ms=4, lw=1, label=name)
-        for r in rows:
-            if r["extrapolated"]:
-                ax.plot([r["flops"]], [r["bpb"]], marker="o", ms=7, mfc="white", color=line.get_color())
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel("final val bpb")
-    ax.set_title("Final bpb against compute")
-    add_legend(ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return Path(path)
+        mark_extrapolated(ax, rows, "bpb", line.get_color())
+    return save(fig, ax, path, "training FLOPs", "final val bpb", "Final bpb against compute")
 
 
 def plot_cm(study, path):
@@ -143,8 +134,7 @@ def plot_cm(study, path):
             for r in rows:
                 if r["cm_ci"]:
                     ax.plot([r["flops"]] * 2, r["cm_ci"], color=line.get_color(), lw=0.8)
-                if r["extrapolated"]:
-                    ax.plot([r["flops"]], [r["cm"]], marker="o", ms=7, mfc="white", color=line.get_color())
+            mark_extrapolated(ax, rows, "cm", line.get_color())
             color = line.get_color()
         else:
             color = None
@@ -152,10 +142,22 @@ def plot_cm(study, path):
         if tagged:
             ax.plot([r["flops"] for r in tagged], [r["nanochat_cm"] for r in tagged], marker="s", ms=4, lw=1, ls=":",
                     color=color, mfc="white", label=f"{name} (nanochat per tag)")
+    return save(fig, ax, path, "variant training FLOPs", "compute multiplier", "Compute multiplier against compute")
+
+
+def mark_extrapolated(ax, rows, key, color):
+    """An open marker over each row whose reading is extrapolated (a `?` in the tables)."""
+    for r in rows:
+        if r["extrapolated"]:
+            ax.plot([r["flops"]], [r[key]], marker="o", ms=7, mfc="white", color=color)
+
+
+def save(fig, ax, path, xlabel, ylabel, title):
+    """Both figures' common end: log compute axis, labels, legend, the PNG."""
     ax.set_xscale("log")
-    ax.set_xlabel("variant training FLOPs")
-    ax.set_ylabel("compute multiplier")
-    ax.set_title("Compute multiplier against compute")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     add_legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

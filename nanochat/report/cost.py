@@ -6,12 +6,12 @@ their settings. Inference rows the benchmark did not measure say so, with the co
 measures them."""
 
 import json
-import math
 from pathlib import Path
 
 from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order
+from nanochat.report.stats import geomean
 
 # The command that measures the inference rows at a depth (the CPU demo's width rule; on a
 # GPU the paper's head dim and vocabulary).
@@ -48,11 +48,6 @@ def load_infer_bench(path):
                          "python -m scripts.bench --bench infer --out FILE")
     return {"path": str(path), "depth": data["args"]["depth"], "width": data.get("width"), "env": data.get("env", {}),
             "args": data["args"], "rows": rows}
-
-
-def geomean(values):
-    values = [v for v in values if v is not None]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def infer_ratio(bench, variant, kind, mode):

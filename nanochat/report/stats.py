@@ -36,6 +36,13 @@ class Summary:
     n: int
 
 
+def geomean(values):
+    """The geometric mean of the positive, finite values given (None and the rest skipped: a
+    missing or unreachable reading), or None when there is none."""
+    values = [v for v in values if v is not None and 0 < v < math.inf]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
 def summarize(values):
     """Summary of the values that are not None, or None when there are none."""
     values = [v for v in values if v is not None]
