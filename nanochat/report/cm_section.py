@@ -56,10 +56,9 @@ def _flops(value):
 def markdown(study, figures=()):
     """compare.md / the report section's text for one study."""
     r = study.result
-    parts = [line for line in r.get("messages", [])]
-    parts = ["\n".join(f"- `{m}`" for m in parts)] if parts else []
-    law, fit = study.law, r.get("baseline", {}).get("fit")
-    base = r.get("baseline", {})
+    messages = r.get("messages", [])
+    parts = ["\n".join(f"- `{m}`" for m in messages)] if messages else []
+    law, base = study.law, r.get("baseline", {})
     if base.get("runs"):
         parts.append(f"Baseline: {len(base['runs'])} run(s) at depths {', '.join(map(str, base['depths']))}"
                      + (f"; finals fitted as {law.describe()}" if law is not None else "; no ladder fit")
