@@ -116,6 +116,16 @@ def compute_init(device_type="", seed=42, timeout_s=None):
     return info, device
 
 
+def single_gpu_device():
+    """The device of a one-GPU tool (bench, gpu_check): the current CUDA device, by index
+    (torch.cuda.set_device refuses a bare "cuda"), made current, with TF32 for fp32 matmuls
+    as in training (compute_init)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    torch.set_float32_matmul_precision("high")
+    return device
+
+
 def compute_cleanup():
     watchdog.stop()
     if dist.is_available() and dist.is_initialized():

@@ -304,7 +304,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        # relu(h) * relu(h), not .square(): square lowers to pow, which CUDA autocast runs in
+        # fp32, so eager training would keep an fp32 (B, T, 4C) copy per MLP; mul keeps bf16.
+        h = F.relu(self.c_fc(x))
+        return self.c_proj(h * h)
 
 
 class Block(nn.Module):
@@ -387,9 +390,11 @@ class GPT(nn.Module):
     def cast_embeddings(self, dtype):
         """The token and value embedding tables in `dtype` (bf16 on CUDA, as nanochat; the CPU
         benchmarks' bf16 runs do the same, so that their activations have CUDA's dtypes)."""
-        self.transformer.wte.to(dtype=dtype)
-        for ve in self.value_embeds.values():
-            ve.to(dtype=dtype)
+        # New Parameters rather than Module.to: `to` swaps tensor subclasses in place, which
+        # fails for the fake CUDA tensors of the dry run (tests/cuda_dryrun.py). Called before
+        # any optimizer holds the old ones.
+        for emb in (self.transformer.wte, *self.value_embeds.values()):
+            emb.weight = nn.Parameter(emb.weight.detach().to(dtype))
 
     # ----- parameter accounting and optimizer groups -----
 
@@ -487,7 +492,11 @@ class GPT(nn.Module):
             cos, sin = self.cos[0, pos], self.sin[0, pos]  # (B, T, 1, D/2)
         cos = cos.to(self.activation_dtype(idx))
         sin = sin.to(cos.dtype)
-        x0 = norm(self.transformer.wte(idx))
+        # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
+        # nanochat's stream). Inherited from rms_norm it would depend on the torch: CUDA autocast
+        # runs rms_norm in fp32 from torch 2.12 on (CPU autocast and older torch do not), which
+        # would make every stream fp32 on one machine and bf16 on another.
+        x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
         branches = []
         for i, block in enumerate(self.transformer.h):
             window = self.window_sizes[i]

@@ -76,7 +76,7 @@ from torch import nn
 
 from nanochat import connections
 from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
-from nanochat.common import device_name, synchronize, text_table
+from nanochat.common import device_name, single_gpu_device, synchronize, text_table
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
@@ -425,11 +425,8 @@ def resolve_device(args):
     if name != "cuda" and "liger" in args.hc_kernels and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("error: --hc-kernels liger runs Triton kernels, which need --device cuda "
                          "(TRITON_INTERPRET=1 runs them on CPU, for checking only)")
-    device = torch.device(name)
+    device = single_gpu_device() if name == "cuda" else torch.device(name)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if name == "cuda" else torch.float32)
-    if name == "cuda":
-        torch.cuda.set_device(device)
-        torch.set_float32_matmul_precision("high")
     return device, dtype
 
 

@@ -56,7 +56,7 @@ import torch
 
 from nanochat import gpt
 from nanochat.cli import positive_int, run
-from nanochat.common import get_peak_flops, text_table
+from nanochat.common import get_peak_flops, single_gpu_device, text_table
 from scripts import bench, bench_infer
 
 SECTIONS = ("env", "attention", "model", "grads", "train", "kernels", "pre", "infer")
@@ -548,10 +548,7 @@ def main(argv=None):
     for key in ("depths", "batch", "reps"):
         if getattr(args, key) is not None:
             prof[key] = getattr(args, key)
-    device = torch.device("cuda" if cuda and profile == "gpu" else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.set_float32_matmul_precision("high")
+    device = single_gpu_device() if cuda and profile == "gpu" else torch.device("cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     compile_model = device.type == "cuda"
