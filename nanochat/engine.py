@@ -8,8 +8,9 @@ Compiled (`compile=True`, the default on CUDA), three graph families, each compi
            of 1 apart from larger ones and splits lengths at the attention windows (a
            windowed layer takes an explicit mask only past its window): at most
            2 x (number of distinct windows + 1) graphs (tests/test_engine.py checks the
-           bound); CORE on the CPU demo's d4 model (one window) built 4. FlexAttention
-           layers run on SDPA here: their block mask is built per length.
+           bound); CORE on the CPU demo's d4 model (one window) built 4. The model runs
+           FlexAttention only at its training length (gpt.CausalSelfAttention), SDPA at
+           every other: a block mask per length would make a dynamic length static.
   prefill  the prompt through a StaticKVCache, dynamic length: the same bound.
   decode   one token per row through the StaticKVCache: static shapes, so every step
            replays one graph; on CUDA under CUDA graphs (mode="reduce-overhead"): the
@@ -100,8 +101,8 @@ class Inference:
     pass through. compile: torch.compile the three families (module docstring);
     cuda_graphs: decode under CUDA graphs (default: on CUDA, when compiling); backend:
     torch.compile's ("aot_eager" traces and functionalizes like Inductor without generating
-    code: what the tests use to cover every variant at the cost of one trace). Compiling
-    switches the model's FlexAttention layers to SDPA (see __init__)."""
+    code: what the tests use to cover every variant at the cost of one trace). The model is
+    left as it was given: its modules and their settings are not changed."""
 
     def __init__(self, model, compile=False, cuda_graphs=None, backend="inductor"):
         self.model = model
@@ -114,14 +115,6 @@ class Inference:
         self._caches = {}
         self._graphs_at_start = graph_count()
         if compile:
-            # Windowed layers on SDPA: FlexAttention's block mask is built and cached per
-            # length, which would make a dynamic length static again (a graph per prompt
-            # length). Forward-only evaluation loses little: the prompts are mostly shorter
-            # than the window, where SDPA takes is_causal anyway.
-            for module in model.modules():
-                if getattr(module, "attention", None) == "flex" or (
-                        getattr(module, "attention", None) == "auto" and self.device.type == "cuda"):
-                    module.attention = "sdpa"
             # one entry per shape family and cache capacity; dynamo's default limit (8 per
             # code object) would otherwise send the later ones to eager without a word
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

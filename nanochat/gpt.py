@@ -254,6 +254,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head
         self.attention = config.attention
+        self.sequence_len = config.sequence_len
         self.head_dim = config.n_embd // config.n_head
         C, hd = config.n_embd, self.head_dim
         self.c_q = nn.Linear(C, self.n_head * hd, bias=False)
@@ -279,13 +280,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv_head != self.n_head
         flex = attention_backend(self.attention, x.device) == "flex"
-        if kv_cache is None and key_mask is None and window < T and flex:
-            # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
-            # mask (no flash kernel, every masked block computed) and a block mask skips work.
+        if kv_cache is None and key_mask is None and window < T == self.sequence_len and flex:
+            # A windowed layer over a training-length sequence: the one case where SDPA needs an
+            # explicit mask (no flash kernel, every masked block computed) and a block mask skips
+            # work. Only at the training length, whose block masks init_weights builds once:
+            # evaluation prompts of every other length would each bring a new block mask, and
+            # with it a recompile of eager CUDA FlexAttention, until dynamo's limit.
             y = flex_attend(q, k, v, window, gqa)
         else:
-            # SDPA for full-context layers (flash with is_causal) and for decoding through the
-            # KV cache: there the queries are the last T of a prefix whose length changes every
+            # SDPA for full-context layers (flash with is_causal), for other lengths than the
+            # training one, and for decoding through the KV cache: there the queries are the last T of a prefix whose length changes every
             # token, so a block mask would be rebuilt per step, and a one-row query has no
             # blocks to skip.
             if kv_cache is not None:

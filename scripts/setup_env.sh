@@ -22,13 +22,22 @@ TORCH_VERSION="${TORCH_VERSION:-$PINNED_TORCH}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+# TORCH_BUILD: cuda | cpu | auto (the default: cuda where nvidia-smi sees a GPU, else cpu).
+# TORCH_BUILD=cuda on a machine without a GPU is for the CUDA dry run (README "Tests"): PyPI's
+# build of torch, whose CUDA libraries run on a CPU too (several GB).
+TORCH_BUILD="${TORCH_BUILD:-auto}"
+case "$TORCH_BUILD" in
+    auto) if has_gpu; then TORCH_BUILD=cuda; else TORCH_BUILD=cpu; fi ;;
+    cuda|cpu) ;;
+    *) echo "error: TORCH_BUILD=$TORCH_BUILD; choose cuda, cpu or auto" >&2; exit 2 ;;
+esac
 if [ -z "${NANOCHAT_EXTRAS:-}" ]; then
     NANOCHAT_EXTRAS=dev
     if has_gpu; then NANOCHAT_EXTRAS=dev,kernels; fi
     if [ "${LM_EVAL:-0}" = 1 ]; then NANOCHAT_EXTRAS="$NANOCHAT_EXTRAS,eval"; fi
 fi
 stamp="$VENV/.nanochat-setup"
-state="torch=$TORCH_VERSION $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
+state="torch=$TORCH_VERSION build=$TORCH_BUILD $(sha1sum pyproject.toml constraints.txt | sha1sum | cut -c1-12)"
 
 # Up to date: same torch and pins, and every requested extra already installed.
 if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$state" ]; then
@@ -46,10 +55,14 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
-if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-    if has_gpu; then
-        echo "setup_env: GPU found, installing CUDA torch==$TORCH_VERSION"
-        "${pip[@]}" install "torch==$TORCH_VERSION"
+# The torch in place will do: this version, and a CUDA build when one is asked for (a CPU
+# machine's fallback below is a CUDA build too, which serves the CPU as well).
+wanted="torch.__version__.split('+')[0] == '$TORCH_VERSION' and ('$TORCH_BUILD' == 'cpu' or torch.backends.cuda.is_built())"
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(not ($wanted))" 2>/dev/null; then
+    if [ "$TORCH_BUILD" = cuda ]; then
+        echo "setup_env: installing CUDA torch==$TORCH_VERSION"
+        # --isolated: PyPI's build, past any local configuration that prefers a CPU wheel on disk
+        "${pip[@]}" install --isolated "torch==$TORCH_VERSION"
     else
         echo "setup_env: no GPU, installing CPU torch==$TORCH_VERSION"
         # A CPU wheel already on this machine (pip's find-links) first, its dependencies

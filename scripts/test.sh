@@ -3,12 +3,17 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/test_gpt.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# On another torch (TORCH_VERSION=2.9.1 bash scripts/test.sh): a venv of its own beside .venv.
+# On another torch (TORCH_VERSION=2.9.1 bash scripts/test.sh) or build (TORCH_BUILD=cuda: the
+# CUDA dry run's fake CUDA tensors need a CUDA build): a venv of its own beside .venv.
+if [ "${TORCH_BUILD:-}" = cuda ]; then
+    pinned=$(sed -n 's/^PINNED_TORCH=//p' scripts/setup_env.sh)
+    export VENV="${VENV:-.venv-torch${TORCH_VERSION:-$pinned}-cuda}"
+fi
 [ -z "${TORCH_VERSION:-}" ] || export VENV="${VENV:-.venv-torch$TORCH_VERSION}"
 export VENV="${VENV:-.venv}"
 # With the kernels extra: the Liger/Triton tests run (on CPU, in Triton's interpreter), not skip.
 # With the eval extra: the export and lm-eval tests run (transformers, lm-eval), not skip.
-NANOCHAT_EXTRAS=dev,kernels,eval bash scripts/setup_env.sh
+NANOCHAT_EXTRAS="${NANOCHAT_EXTRAS:-dev,kernels,eval}" bash scripts/setup_env.sh
 # Tests are CPU-only and fp32 by design (see DESIGN.md section 10), whatever the machine.
 # One thread per process: the tests use tiny tensors, for which thread hand-offs cost more
 # than they save (measured: the GPT tests run 3x faster), and some tests start 2 processes.

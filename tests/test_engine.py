@@ -182,8 +182,9 @@ def test_a_callers_error_is_not_a_compiler_failure(monkeypatch):
 
 
 def test_compiled_scores_of_a_flex_model_take_one_graph_for_every_length():
-    """FlexAttention builds a block mask per length; compiled evaluation runs the windowed
-    layers on SDPA instead, so lengths past the window (8) share one graph."""
+    """FlexAttention builds a block mask per length; the model runs its windowed layers on
+    SDPA at every length but the training one, so lengths past the window (8) share one
+    graph, and compiling leaves the model's attention setting as it was."""
     model = tiny_model("residual", attention="flex")
     expected = {}
     with torch.no_grad():
@@ -191,11 +192,11 @@ def test_compiled_scores_of_a_flex_model_take_one_graph_for_every_length():
             expected[T] = model(torch.arange(T).repeat(2, 1) % VOCAB)
     torch._dynamo.reset()
     compiled = engine.Inference(model, compile=True, backend="eager")
-    assert {block.attn.attention for block in model.transformer.h} == {"sdpa"}
     with torch.no_grad():
         for T, logits in expected.items():
             torch.testing.assert_close(compiled(torch.arange(T).repeat(2, 1) % VOCAB), logits, atol=1e-5, rtol=1e-5)
     assert compiled.graphs() == 1
+    assert {block.attn.attention for block in model.transformer.h} == {"flex"}
 
 
 def test_compile_defaults():

@@ -26,6 +26,17 @@ def permutation_matrices(m, device=None, dtype=torch.float32):
     return torch.nn.functional.one_hot(perms, m).to(dtype)
 
 
+def convex_permutations(a, perms):
+    """sum_p a_p P_p: (..., m!) weights over the flattened permutation matrices `perms`
+    (m!, m*m) -> (..., m*m). An elementwise weighted sum, not `a @ perms`: on CUDA with
+    set_float32_matmul_precision("high") an fp32 matmul may run in TF32 (10-bit mantissas),
+    and the rows and columns of the result would then sum to 1 only to ~1e-4, not to fp32
+    rounding (the exactness mHC-lite and KromHC are about). The products are exact (each
+    entry of P is 0 or 1) and the sums are fp32 additions; under compile it fuses into one
+    small kernel, eagerly it makes an (..., m!, m*m) temporary."""
+    return (a.unsqueeze(-1) * perms).sum(-2)
+
+
 def sinkhorn_log(logits, iters):
     """Sinkhorn-Knopp from exp(logits) over the last two dims, in log space: `iters` rounds
     of row normalization then column normalization. The last step normalizes columns, so

@@ -129,9 +129,11 @@ def stream_mix_flops(variant, n, C, factors=None, sk_iters=20, s=DEFAULT_GO_S):
 def record_state(store, X):
     """What the diagnostics keep of a stream state X (..., n, C), detached: per token the
     n x n inner products of its streams (energies on the diagonal; all the collapse
-    measures derive from them), and the RMS of each stream over the batch."""
+    measures derive from them), and the RMS of each stream over the batch. The products in
+    fp64: an fp32 matmul may run in TF32 on CUDA (10-bit mantissas)."""
     Xf = X.detach().float()
-    store.update(gram=Xf @ Xf.transpose(-1, -2),
+    Xd = Xf.double()
+    store.update(gram=Xd @ Xd.transpose(-1, -2),
                  stream_rms=Xf.square().flatten(0, -3).mean(dim=(0, 2)).sqrt(),
                  stream_dtype=str(X.dtype).replace("torch.", ""))
 

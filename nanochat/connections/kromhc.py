@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from nanochat.connections.birkhoff import check_factors, default_factors, kron_factors, permutation_matrices
+from nanochat.connections.birkhoff import (check_factors, convex_permutations, default_factors, kron_factors,
+                                          permutation_matrices)
 from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
 
 # The variant's own config fields and their defaults: other variants refuse other values.
@@ -50,7 +51,7 @@ class KromHCLayer(HyperConnection):
         for i in self.factor_sizes:
             m = math.factorial(i)
             a = torch.softmax(res_logits[..., start:start + m], dim=-1)
-            out.append((a @ getattr(self, f"perms_{i}")).unflatten(-1, (i, i)))
+            out.append(convex_permutations(a, getattr(self, f"perms_{i}")).unflatten(-1, (i, i)))
             start += m
         return out
 

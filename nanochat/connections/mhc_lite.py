@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from nanochat.connections.birkhoff import permutation_matrices
+from nanochat.connections.birkhoff import convex_permutations, permutation_matrices
 from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
 
 MAX_STREAMS = 6
@@ -32,7 +32,7 @@ class MHCLiteLayer(HyperConnection):
         return bias
 
     def h_res(self, res_logits):
-        return (torch.softmax(res_logits, dim=-1) @ self.perms).unflatten(-1, (self.n, self.n))
+        return convex_permutations(torch.softmax(res_logits, dim=-1), self.perms).unflatten(-1, (self.n, self.n))
 
 
 def resolve(cfg):

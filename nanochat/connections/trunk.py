@@ -89,7 +89,8 @@ class LearnedStreamScaling(nn.Module):
 
 class SumReduce(Parameterless):
     def forward(self, X, carry=None):
-        return X.squeeze(-2) if X.shape[-2] == 1 else X.sum(dim=-2)
+        # dtype given: CUDA autocast would otherwise return the sum in fp32 (its rule for sum)
+        return X.squeeze(-2) if X.shape[-2] == 1 else X.sum(dim=-2, dtype=X.dtype)
 
 
 class LearnedHead(nn.Module):

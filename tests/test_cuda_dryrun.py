@@ -1,0 +1,113 @@
+"""The CUDA dry run: the model, inference and the optimizer on fake CUDA tensors under
+CUDA's own autocast rules (tests/cuda_dryrun.py). Skipped on a `+cpu` build of torch; the CI
+runs this file on CUDA builds of the pin, of the GPU machines' torch and of the floor
+(README "Tests").
+
+What it holds: on every torch, every variant's stream between layers, into the reduce and
+out of it is the activation dtype (bf16), whatever rms_norm's autocast rule (fp32 on CUDA
+from torch 2.12 on); nothing of stream or MLP width is saved for backward in fp32; the KV
+cache decodes; the optimizer steps."""
+
+import pytest
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from nanochat import optim
+from nanochat.gpt import EagerSteps
+from tests.cuda_dryrun import H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
+from tests.test_stream_dtype import CASES, case_id
+
+pytestmark = needs_fake_cuda
+B, T = 2, 32
+
+
+def tokens(t=T):
+    return torch.zeros(B, t, dtype=torch.long, device="cuda")
+
+
+def watch_states(model):
+    """Record the dtype of the state each layer receives, of the state into the reduce and
+    of what the reduce returns (the head's input before its norm)."""
+    seen = []
+    for layer in model.connections.layers:
+        step = layer.step
+        layer.step = lambda X, branch, x0, carry, step=step: seen.append(X.dtype) or step(X, branch, x0, carry)
+    reduce = model.connections.reduce
+    reduce.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    reduce.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    return seen
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_the_stream_is_bf16_under_cuda_autocast(case, monkeypatch):
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(**case)
+        assert model.transformer.wte.weight.dtype == torch.bfloat16  # as init_weights makes it on CUDA
+        seen = watch_states(model)
+        with cuda_autocast():
+            logits = model(tokens())
+    assert len(seen) == 2 * model.config.n_layer + 2
+    assert seen == [torch.bfloat16] * len(seen), seen
+    assert logits.dtype == torch.float32 and logits.device.type == "cuda"
+
+
+@pytest.mark.parametrize("case", [dict(hc="residual"), dict(hc="kromhc"), dict(hc="mhc"), dict(hc="frac"),
+                                  dict(hc="attnres")], ids=case_id)
+def test_no_fp32_activation_of_stream_or_mlp_width_is_saved(case, monkeypatch):
+    """CUDA autocast runs pow (relu(h).square()) and rms_norm (torch >= 2.12) in fp32; what
+    backward keeps of the MLP's 4C hidden layer and of the n x C streams stays bf16."""
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(**case)
+        C = model.config.n_embd
+        with cuda_autocast(), saved_tensors_hooks(pack, lambda t: t):
+            model(tokens()).sum()
+    wide = [(dtype, shape) for dtype, shape in saved
+            if len(shape) >= 3 and shape[:2] == (B, T) and shape[-1] in (4 * C, 2 * C) or shape[-2:] == (4, C)]
+    assert wide and all(dtype == torch.bfloat16 for dtype, _ in wide), [s for s in wide if s[0] != torch.bfloat16]
+
+
+@pytest.mark.parametrize("case", [dict(hc="residual"), dict(hc="kromhc"), dict(hc="go_mhc"), dict(hc="attnres"),
+                                  dict(hc="frac")], ids=case_id)
+def test_prefill_and_decode_through_the_static_cache(case, monkeypatch):
+    with fake_cuda(monkeypatch), torch.no_grad():
+        model = fake_cuda_model(**case)
+        with cuda_autocast():
+            steps = EagerSteps(model)
+            cache = steps.cache(1, 24)
+            assert cache.k[0].dtype == torch.bfloat16 and cache.k[0].device.type == "cuda"
+            prefill = steps.step(tokens(16)[:1], cache)
+            decode = steps.step(tokens(1)[:1], cache)
+    assert prefill.shape == (1, 16, 300) and decode.shape == (1, 1, 300)
+
+
+def test_scoring_a_prompt_longer_than_the_training_length(monkeypatch):
+    """Evaluation prompts of any length: SDPA with an explicit window mask past the window."""
+    with fake_cuda(monkeypatch), torch.no_grad():
+        model = fake_cuda_model(hc="kromhc", attention="flex")
+        with cuda_autocast():
+            for t in (20, 32, 48):
+                assert model(tokens(t)).shape == (B, t, 300)
+
+
+@pytest.mark.parametrize("case", [dict(hc="residual"), dict(hc="kromhc")], ids=case_id)
+def test_the_optimizer_steps_on_fake_gradients(case, monkeypatch):
+    """Eager kernels (compiling needs a GPU); the groups, dtypes and state of a CUDA run:
+    bf16 embedding tables and their AdamW state, fp32 elsewhere (torch.cuda answers as an
+    H100 where the optimizer asks for the compute dtype)."""
+    monkeypatch.setattr(optim, "COMPILE_ON_CUDA", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (H100.major, H100.minor))
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(**case)
+        opt = optim.build_optimizer(model.param_groups(), world_size=1)
+        for p in model.parameters():
+            p.grad = torch.empty_like(p)
+        opt.step(measure_grad_norm=True)
+        state = opt.state[model.transformer.wte.weight]
+    assert state and all(t.dtype == torch.bfloat16 for t in state.values() if torch.is_tensor(t) and t.dim())
+    assert all(t.device.type == "cuda" for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
