@@ -486,6 +486,12 @@ def main(argv=None):
         core_due = args.core_metric_every > 0 and due(args.core_metric_every, step, last)
         sample_due = args.sample_every > 0 and due(args.sample_every, step, last)
         hc_due = args.hc_stats_every > 0 and config.hc != "residual" and due(args.hc_stats_every, step, last)
+        evaluations = val_due or core_due or sample_due or hc_due
+        if evaluations and not last and agree(stop.requested):
+            # A signal since the step's own vote: save now rather than after minutes of
+            # evaluations, which torchrun's shutdown timeout may not leave; they run on resume.
+            stopping = True
+            continue
         if val_due:
             bpb = evaluate_val_bpb()
             loop["val_bpb"] = bpb
@@ -506,7 +512,7 @@ def main(argv=None):
             log.log("hc", step, **stats)
         if last:
             break
-        if (val_due or core_due or sample_due or hc_due) and agree(stop.requested):
+        if evaluations and agree(stop.requested):
             stopping = True  # a signal came during the evaluations: save this step and stop
             continue
 

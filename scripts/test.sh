@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # CUDA dry run's fake CUDA tensors need a CUDA build): a venv of its own beside .venv.
 if [ "${TORCH_BUILD:-}" = cuda ]; then
     pinned=$(sed -n 's/^PINNED_TORCH=//p' scripts/setup_env.sh)
-    export VENV="${VENV:-.venv-torch${TORCH_VERSION:-$pinned}-cuda}"
+    export VENV="${VENV:-.venv-torch${TORCH_VERSION:-$pinned}-cuda}" NANOCHAT_REQUIRE_FAKE_CUDA=1
 fi
 [ -z "${TORCH_VERSION:-}" ] || export VENV="${VENV:-.venv-torch$TORCH_VERSION}"
 export VENV="${VENV:-.venv}"

@@ -13,6 +13,7 @@ Two stand-ins, each as close to the real thing as a CPU allows:
   the real one does, for the setup code of the tools (up to their first kernel).
 """
 
+import os
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -23,8 +24,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from nanochat import gpt
 
 FAKE_CUDA = torch.backends.cuda.is_built()
+# Set by scripts/test.sh under TORCH_BUILD=cuda: there a skip would hide a broken venv, so the
+# tests run (and fail) instead.
+REQUIRED = os.environ.get("NANOCHAT_REQUIRE_FAKE_CUDA") == "1"
 needs_fake_cuda = pytest.mark.skipif(
-    not FAKE_CUDA, reason="fake CUDA tensors need a CUDA build of torch (TORCH_BUILD=cuda bash scripts/test.sh)")
+    not (FAKE_CUDA or REQUIRED),
+    reason="fake CUDA tensors need a CUDA build of torch (TORCH_BUILD=cuda bash scripts/test.sh tests/test_cuda_*.py)")
 
 
 @contextmanager

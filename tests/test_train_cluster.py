@@ -194,3 +194,31 @@ def test_a_corrupt_row_group_on_rank_1_ends_both_ranks_with_its_error(tmp_path, 
     assert errors[0] == [f"error: rank 1: {errors[1][0].removeprefix('error: ')}"]
     assert "Traceback" not in results[0][2] + results[1][2]
     assert elapsed < 60  # not the 300 s collective timeout
+
+
+BEFORE_EVALUATIONS = """
+import os, signal, sys
+from scripts import base_train
+real_log = base_train.MetricsLog.log
+def log(self, kind, step, **values):
+    real_log(self, kind, step, **values)
+    if kind == "train" and step == 1:
+        os.kill(os.getpid(), signal.SIGTERM)   # after step 1's own stop vote, before step 2's evaluations
+base_train.MetricsLog.log = log
+base_train.cli(sys.argv[1:])
+"""
+
+
+def test_a_signal_before_due_evaluations_saves_first_and_they_run_on_resume(tmp_path, small_corpus_dir, tokenizer_dir):
+    """Evaluations take minutes (CORE) and torchrun waits only so long after a SIGTERM: a stop
+    requested since the step's vote is agreed on before them, and the resumed run does them."""
+    base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
+    args = ["--num-iterations", "4", "--eval-every", "2", "--model-tag", "evals"]
+    results, _ = launch(base, 1, *args, code=BEFORE_EVALUATIONS)
+    assert [code for code, _, _ in results] == [EXIT_PREEMPTED], results
+    run = os.path.join(base, "runs", "evals")
+    records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    assert ckpt.latest_step(run) == 2 and [(r["kind"], r["step"]) for r in records if r["kind"] == "val"] == [("val", 0)]
+    succeeded(launch(base, 1, *args, "--resume", "true")[0])
+    records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [0, 2, 4]
