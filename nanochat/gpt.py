@@ -78,7 +78,12 @@ class GPTConfig:
 
 
 def norm(x):
-    return F.rms_norm(x, (x.size(-1),))
+    """Weightless RMSNorm in x's own dtype. Autocast is kept out: CUDA autocast runs rms_norm
+    in fp32 from torch 2.12 on (older torch and CPU autocast do not), which would make every
+    normed activation, and what backward keeps of it, fp32 on one torch and bf16 on another.
+    In bf16 the kernel still accumulates in fp32, as on the torch of the paper's nanochat."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.rms_norm(x, (x.size(-1),))
 
 
 def has_value_embedding(layer_idx, config):
@@ -233,8 +238,8 @@ def flex_attend(q, k, v, window, enable_gqa=False):
     """Causal attention over q, k, v (B, H, T, D) of one sequence, each query seeing at most
     `window` earlier keys, by FlexAttention with the cached block mask."""
     block_mask = sliding_window_block_mask(q.size(2), window, q.device)
-    # Autocast casts SDPA's inputs to its dtype but leaves FlexAttention alone, and on CUDA
-    # it runs rms_norm in fp32: q and k arrive in fp32 beside a bf16 v. Cast as SDPA would.
+    # Autocast casts SDPA's inputs to its dtype but leaves FlexAttention alone: q, k and v
+    # must reach it in one dtype, whatever produced them. Cast as SDPA would.
     device_type = q.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else v.dtype
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -497,9 +502,7 @@ class GPT(nn.Module):
         cos = cos.to(self.activation_dtype(idx))
         sin = sin.to(cos.dtype)
         # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
-        # nanochat's stream). Inherited from rms_norm it would depend on the torch: CUDA autocast
-        # runs rms_norm in fp32 from torch 2.12 on (CPU autocast and older torch do not), which
-        # would make every stream fp32 on one machine and bf16 on another.
+        # nanochat's stream), not whatever the embedding and its norm return.
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
         branches = []
         for i, block in enumerate(self.transformer.h):

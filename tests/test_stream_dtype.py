@@ -1,7 +1,8 @@
 """The stream state in the compute dtype, for every variant and option.
 
-Under bf16 autocast (with bf16 embeddings, as on CUDA) the state between layers and at the
-reduce is bf16, the residual baseline's included: nanochat multiplies its stream by 0-dim
+Under CPU bf16 autocast (with bf16 embeddings, as on CUDA) the state between layers and at
+the reduce is bf16, the residual baseline's included (CUDA's autocast rules, which differ,
+are held by the CUDA dry run, tests/test_cuda_dryrun.py): nanochat multiplies its stream by 0-dim
 scalars (`resid_lambdas[i] * x`), which keep bf16, where shape-(1,) ones would promote the
 stream to fp32 from the first block on. And an fp64 model (the gradient checks) computes in
 fp64 throughout: no fp32 constant rounds its state."""
