@@ -159,8 +159,8 @@ def main(out_dir):
         launched = train_accumulating(opt_o, params_o, STEPS, rows, overlap)
         runs[overlap] = dict(params=[p.detach() for p in params_o], launched=launched, units=len(opt_o._units))
 
-    torch.save(dict(params=final, norms=norms, state_shapes=state_shapes, all_reduce_calls=len(calls), adamw_sizes=updates,
-                    overlapped=runs[True], plain=runs[False],
+    torch.save(dict(params=final, norms=norms, state_shapes=state_shapes, all_reduce_calls=len(calls),
+                    adamw_sizes=updates, overlapped=runs[True], plain=runs[False],
                     extra_step=[p.detach() for p in params], wrong_shard_refused=wrong_shard_refused,
                     resumed=[p.detach() for p in params_c], params_at_2=params_at_2),
                os.path.join(out_dir, f"rank{rank}.pt"))
