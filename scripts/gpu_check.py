@@ -349,8 +349,7 @@ def kernels_section(prof, variants, device, dtype, autocast, compile_model, budg
                        "--batch", str(layer["batch"]), "--variants", *hc_variants]),
             ("model", ["--bench", "model", "--depth", str(prof["depths"][0]), "--aspect-ratio", str(prof["aspect"]),
                        "--seq-len", str(prof["seq_len"]), "--batch", str(max(1, prof["batch"] // 2)),
-                       "--vocab-size", str(prof["vocab"]),
-                       "--variants", *model_variants])]
+                       "--vocab-size", str(prof["vocab"]), "--variants", *model_variants])]
     # what each run compiles: a connection layer per HC variant and backend; a model at the
     # first depth per variant and backend (residual: torch only)
     models = sum(2 if bench.hc_family(v) else 1 for v in model_variants)
