@@ -25,6 +25,7 @@ waits for the host; read them when logging. Without the flag it is None.
 
 import collections.abc
 import functools
+import itertools
 import os
 
 import torch
@@ -221,18 +222,53 @@ class MuonAdamW(torch.optim.Optimizer):
             out.append(self._scalars[k])
         return out
 
-    def _adamw(self, p, grad, state, group):
-        """Update p (a param or its owned slice) from its averaged gradient; lazy state like p."""
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
-        state["step"] += 1
+    def _adamw(self, params, grads, states, group):
+        """One AdamW step on `params` (each a param or its owned slice, with its lazy state in
+        `states`; one group, one step count) from their averaged `grads`, in one kernel call
+        however many they are: several are concatenated into flat buffers and copied back
+        afterwards. The connections' dozens of small tensors then cost one launch (and one
+        call's host overhead) instead of one each, for copies of a few MB; the kernel works
+        element by element, so the result is the same, bit for bit, as one call per tensor.
+        Returns the flat gradient (the input of the gradient norms)."""
+        for p, state in zip(params, states):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
         beta1, beta2 = group["betas"]
-        scalars = self._fill(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
+        scalars = self._fill(step=states[0]["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
                              eps=group["eps"], wd=group["weight_decay"])
-        kernel = _kernel(adamw_update, p.device, dynamic=True)
-        kernel(p.view(-1), grad.reshape(-1), state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1), *scalars)
+        updated = [params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]]
+        if len(params) == 1:
+            flat = [tensors[0].view(-1) for tensors in updated]  # updated in place
+            grad = grads[0].reshape(-1)
+        else:
+            flat = [torch.cat([t.reshape(-1) for t in tensors]) for tensors in updated]
+            grad = torch.cat([g.reshape(-1) for g in grads])
+        kernel = _kernel(adamw_update, params[0].device, dynamic=True)
+        kernel(flat[0], grad, flat[1], flat[2], *scalars)
+        if len(params) > 1:
+            sizes = [p.numel() for p in params]
+            for tensors, buffer in zip(updated, flat):
+                torch._foreach_copy_(tensors, [piece.view_as(t) for piece, t in zip(buffer.split(sizes), tensors)])
+        return grad
+
+    def _adamw_group(self, params, grads, group, norm_sq=None):
+        """AdamW on `params` of one group from their averaged `grads`, one kernel call per
+        batch: a large param of a group that is not replicated alone (concatenating it would
+        copy it), the others together per step count (one count as a rule: a param without a
+        gradient skips a step and falls behind the others). With norm_sq, a 0-D view into the
+        norm accumulator, adds the gradients' squared norm to it."""
+        batches = {}
+        for p, g in zip(params, grads):
+            key = ("alone", id(p)) if _sharded(p, group, 1) else ("step", self.state[p].get("step", 0))
+            batches.setdefault(key, []).append((p, g))
+        for batch in batches.values():
+            ps, gs = map(list, zip(*batch))
+            grad = self._adamw(ps, gs, [self.state[p] for p in ps], group)
+            if norm_sq is not None:
+                norm_sq.add_(grad.float().square().sum())
 
     def _muon(self, grads, params, state, group):
         """Update a stack of K matrices (a whole group, or this rank's chunk of it) in place from
@@ -269,12 +305,8 @@ class MuonAdamW(torch.optim.Optimizer):
             names, index, sq = self._norm_accumulator()
         for gi, group in enumerate(self.param_groups):
             if group["kind"] == "adamw":
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    if measure_grad_norm:
-                        sq[index[gi]] += p.grad.float().square().sum()
-                    self._adamw(p, p.grad, self.state[p], group)
+                params = [p for p in group["params"] if p.grad is not None]
+                self._adamw_group(params, [p.grad for p in params], group, sq[index[gi]] if measure_grad_norm else None)
                 continue
             params = group["params"]
             with_grad = [p.grad is not None for p in params]
@@ -391,7 +423,8 @@ class DistMuonAdamW(MuonAdamW):
     - AdamW params are reduce-scattered along dim 0; a rank updates its rows. The params of a
       `replicated` group (the connections: many small tensors), params under
       SMALL_PARAM_NUMEL elements and those whose dim 0 does not divide the world size are
-      instead all-reduced, all of them in one flat buffer per dtype, and updated on every rank.
+      instead all-reduced, all of them in one flat buffer per dtype, and updated on every rank
+      (one AdamW kernel call per group, not per param: see _adamw).
     - A muon group's K grads are stacked, zero-padded to ceil(K/W)*W and reduce-scattered;
       rank r owns matrices [r*ceil(K/W), (r+1)*ceil(K/W)) of the group.
     - Reductions use SUM then a division by W: gloo has no AVG on every torch version.
@@ -498,11 +531,12 @@ class DistMuonAdamW(MuonAdamW):
             work.wait()
             grad.div_(W)
             if kind == "flat":
-                for p, g in zip(params, grad.split([p.numel() for p in params])):
-                    gi = self._group_index[p]
-                    if measure_grad_norm and rank == 0:  # replicated: count once
-                        sq[index[gi]] += g.float().square().sum()
-                    self._adamw(p, g.view_as(p), self.state[p], self.param_groups[gi])
+                grads = dict(zip(params, grad.split([p.numel() for p in params])))
+                # the buffer holds each group's params in a row: one update per group
+                for gi, members in itertools.groupby(params, key=self._group_index.get):
+                    members = list(members)
+                    norm_sq = sq[index[gi]] if measure_grad_norm and rank == 0 else None  # replicated: count once
+                    self._adamw_group(members, [grads[p] for p in members], self.param_groups[gi], norm_sq)
                 continue
             group = self.param_groups[gi]
             if measure_grad_norm:
@@ -511,7 +545,7 @@ class DistMuonAdamW(MuonAdamW):
                 p = params[0]
                 rows = p.shape[0] // W
                 p_slice = p[rank * rows:(rank + 1) * rows]
-                self._adamw(p_slice, grad, self.state[p], group)
+                self._adamw([p_slice], [grad], [self.state[p]], group)
                 # p_slice is this rank's block of p: an in-place gather
                 gathers.append((_all_gather(p, p_slice, async_op=True), None, None))
                 continue

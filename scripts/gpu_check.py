@@ -3,8 +3,8 @@ torch is installed there (no scripts/setup_env.sh; wandb is not needed):
 
     python -m scripts.gpu_check [--out DIR]
 
-writes DIR/gpu_check.json and DIR/gpu_check.md (rewritten after every section, so a cut-off
-run still leaves what it measured):
+writes DIR/gpu_check.json and DIR/gpu_check.md (DIR made if missing; both rewritten after
+every case, so a run cut off from outside still leaves what it measured):
   env        GPU, torch, CUDA/cuDNN/Triton versions, the SDPA backend picked for the windowed
              ("S", explicit mask) and full-context ("L", is_causal) layers
   attention  one attention kernel, forward + backward, at T = 2048 for the S (W = T/2) and L
@@ -32,9 +32,15 @@ run still leaves what it measured):
              ratios to residual, to mHC and to eager. Last, so the budget may leave it for a
              second call (--sections infer)
 Timing comes from scripts/bench (interleaved repetitions, median, IQR spread). Sized for
-10 minutes on one H100, most of it compilation (18 compiled models): D12 runs before D6,
-and no new case starts after --time-budget seconds (default 540); what is left is listed
-as skipped, for a second call with --sections, --depths or --variants (and another --out).
+10 minutes on one H100, most of it compilation (18 compiled models), D6 before D12: a case
+starts only if its estimated seconds end within --time-budget (default 540: the 600 s a
+device's command may run, less a margin for the last interleaved timing and the report).
+The estimate (`Budget`) is the longest time per unit
+measured so far for the kind of case (a layer of a compiled model, a compiled connection
+layer, a base_train run), before any the profile's prior (on a GPU 10 s, 20 s and 90 s:
+guesses, until measured); every case's estimate and wall time are in the JSON ("cases").
+What is left is listed as skipped, for a second call with --sections, --depths or
+--variants (and another --out).
 
 Without CUDA (or with --tiny) the same sections run at toy sizes, uncompiled models (the
 connection layers are still traced by dynamo, without code generation) and forward-only
@@ -65,19 +71,21 @@ FULL_CAUSAL = "residual (full causal)"
 
 # Sizes per profile. gpu: the paper's D6/D12 models (head dim 128, T 2048, device batch 32).
 PROFILES = {
-    "gpu": dict(depths=[12, 6], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
+    "gpu": dict(depths=[6, 12], batch=32, seq_len=2048, vocab=32768, head_dim=128, aspect=64, warmup=2, reps=5,
                 attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
                 train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
                        "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000,
                 kernel_layer=dict(batch=32, seq_len=2048, width=768),
-                infer=dict(depth=6, prefill_lens=[2048], batches=[1, 8], prompt_len=512, new_tokens=128)),
+                infer=dict(depth=6, prefill_lens=[2048], batches=[1, 8], prompt_len=512, new_tokens=128),
+                priors=dict(model=10, layer=20, train=90)),
     "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
                  attn=dict(B=1, H=2, T=256, D=16), layer=dict(batch=2, seq_len=16, width=32),
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
                         "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600,
                  kernel_layer=dict(batch=2, seq_len=16, width=32),
-                 infer=dict(depth=1, prefill_lens=[16], batches=[1, 2], prompt_len=8, new_tokens=4)),
+                 infer=dict(depth=1, prefill_lens=[16], batches=[1, 2], prompt_len=8, new_tokens=4),
+                 priors={}),
 }
 
 
@@ -85,7 +93,8 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("--out", default=".", help="directory for gpu_check.json and gpu_check.md (default: .)")
+    p.add_argument("--out", default=".", help="directory for gpu_check.json and gpu_check.md, made if missing "
+                                              "(default: .)")
     p.add_argument("--tiny", action="store_true", help="toy sizes (the default without CUDA)")
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="S",
                    help=f"what to run (default: all: {' '.join(SECTIONS)})")
@@ -96,25 +105,45 @@ def build_parser():
     p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 2)")
     p.add_argument("--train-steps", type=positive_int(), default=20, help="base_train steps per variant (default 20)")
     p.add_argument("--time-budget", type=positive_int(), default=540,
-                   help="seconds after which no new case starts; what is left is listed as skipped (default 540)")
+                   help="seconds within which every case must end by its estimate; what would not is listed "
+                        "as skipped (default 540)")
     return p
 
 
 # ----------------------------------------------------------------------------- sections
 
 class Budget:
-    """The run's time budget: work that would start after it is skipped and listed, so that
-    the command always ends with a report (a later run with --sections/--depths fills in)."""
+    """The run's time budget: a case starts only if it is expected to end within it, else it
+    is skipped and listed, so that the command ends in time with a report (a later run with
+    --sections/--depths fills in). A case of `size` units of its `kind` is expected to take
+    size times the longest seconds per unit of the finished cases of that kind, or, before
+    any has finished, the prior: compilation dominates, and its time per unit (a model's
+    layer, a connection layer) is what one run can learn about this machine."""
 
-    def __init__(self, seconds):
+    def __init__(self, seconds, priors):
         self.end = time.time() + seconds
+        self.priors = priors
         self.skipped = []
+        self.cases = {}  # what -> kind, size, estimate_s, and wall_s once finished
+        self._running = None  # (what, start time)
 
-    def allows(self, what):
-        if time.time() < self.end:
-            return True
-        self.skipped.append(what)
-        return False
+    def allows(self, what, kind, size=1):
+        done = [c["wall_s"] / c["size"] for c in self.cases.values()
+                if c["kind"] == kind and c["size"] and "wall_s" in c]
+        estimate = size * (max(done) if done else self.priors.get(kind, 0))
+        self.cases[what] = {"kind": kind, "size": size, "estimate_s": round(estimate, 1)}
+        if time.time() + estimate > self.end:
+            self.skipped.append(what)
+            return False
+        self._running = (what, time.time())
+        return True
+
+    def close(self):
+        """The running case has ended: its section has yielded, returned or failed."""
+        if self._running is not None:
+            what, start = self._running
+            self.cases[what]["wall_s"] = round(time.time() - start, 1)
+            self._running = None
 
 
 def env_info(device):
@@ -207,7 +236,9 @@ def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, au
 
 
 def model_section(prof, variants, device, dtype, autocast, compile_model, budget):
-    """Per depth: every variant plus full-causal residual, timed interleaved in one run."""
+    """Per depth: every variant plus full-causal residual, timed interleaved in one run. Yields
+    the rows so far after each case is compiled (the case, as the budget counts it: the
+    interleaved timing belongs to its depth) and after each depth is timed."""
     rows = []
     peak_flops = get_peak_flops(device)
     for depth in prof["depths"]:
@@ -218,11 +249,12 @@ def model_section(prof, variants, device, dtype, autocast, compile_model, budget
         torch._dynamo.reset()  # the previous depth's graphs are done with
         bench.allow_compiled_cases(len(plan))
         for label, variant, pattern in plan:
-            if not budget.allows(f"model D{depth} {label}"):
+            if not budget.allows(f"model D{depth} {label}", "model", depth):
                 continue
             case, batch = _fitting_case(prof, depth, variant, pattern, prof["batch"], device, dtype, autocast,
                                         compile_model)
             cases[label] = dict(case, variant=variant, batch=batch, window_pattern=pattern)
+            yield rows
         if not cases:
             continue
         times = bench.time_interleaved(cases, prof["warmup"], prof["reps"], device)
@@ -246,16 +278,18 @@ def model_section(prof, variants, device, dtype, autocast, compile_model, budget
         rows += depth_rows
         cases = None
         _free_memory(device)
-    return rows
+        yield rows
+    yield rows
 
 
 def grads_section(prof, variants, device, dtype, autocast, compile_backend, budget):
     """Relative gap |g_compiled - g_eager| / |g_eager| of X's and every parameter's gradient
-    through one connection layer, the projection weight away from its zero init."""
+    through one connection layer, the projection weight away from its zero init; yields the
+    rows after each variant."""
     layer = prof["layer"]
     rows = []
     for variant in variants:
-        if not budget.allows(f"grads {variant}"):
+        if not budget.allows(f"grads {variant}", "layer"):
             continue
         args = bench.parse_args(["--bench", "layer", "--width", str(layer["width"]), "--head-dim",
                                  str(prof["head_dim"]), "--seq-len", str(layer["seq_len"]), "--batch",
@@ -283,7 +317,8 @@ def grads_section(prof, variants, device, dtype, autocast, compile_backend, budg
         rows.append({"variant": variant, "backend": compile_backend, "max_rel_gap": max(gaps.values()),
                      "worst": max(gaps, key=gaps.get), "gaps": gaps})
         _free_memory(device)
-    return rows
+        yield rows
+    yield rows
 
 
 # Words for the generated corpus: documents of templated facts (arithmetic, lists, capitals),
@@ -298,12 +333,15 @@ def kernels_section(prof, variants, device, dtype, autocast, compile_model, budg
     """--hc-kernels torch vs liger, timed interleaved by scripts.bench: one connection layer of
     every HC variant at the size of the fused-kernel target (C=768, T=2048, B=32 on a GPU), and
     the whole model (residual, mhc, kromhc) at the first depth, each with `x torch`, saved
-    bytes and peak memory. Needs the kernels extra and CUDA (or Triton's interpreter)."""
+    bytes and peak memory. Needs the kernels extra and CUDA (or Triton's interpreter). Yields
+    the result after each of the two runs."""
     from nanochat.connections import liger
     if not (liger.AVAILABLE and liger.runs_on(device.type)):
         why = "not installed (pip install -e '.[kernels]')" if not liger.AVAILABLE else f"no CUDA ({device.type})"
-        return {"available": False, "reason": f"Liger-Kernel {why}", "rows": []}
+        yield {"available": False, "reason": f"Liger-Kernel {why}", "rows": []}
+        return
     hc_variants = [v for v in variants if bench.hc_family(v)]  # the variants Liger has kernels for
+    model_variants = [v for v in ("residual", "mhc", "kromhc") if v in variants]
     layer = prof["kernel_layer"]
     common = ["--hc-kernels", "torch,liger", "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]),
               "--head-dim", str(prof["head_dim"]), "--streams", "4"] + (["--compile"] if compile_model else [])
@@ -311,23 +349,27 @@ def kernels_section(prof, variants, device, dtype, autocast, compile_model, budg
                        "--batch", str(layer["batch"]), "--variants", *hc_variants]),
             ("model", ["--bench", "model", "--depth", str(prof["depths"][0]), "--aspect-ratio", str(prof["aspect"]),
                        "--seq-len", str(prof["seq_len"]), "--batch", str(max(1, prof["batch"] // 2)),
-                       "--vocab-size", str(prof["vocab"]),
-                       "--variants", *[v for v in ("residual", "mhc", "kromhc") if v in variants]])]
-    rows = []
+                       "--vocab-size", str(prof["vocab"]), "--variants", *model_variants])]
+    # what each run compiles: a connection layer per HC variant and backend; a model at the
+    # first depth per variant and backend (residual: torch only)
+    models = sum(2 if bench.hc_family(v) else 1 for v in model_variants)
+    sizes = {"layer": ("layer", 2 * len(hc_variants)), "model": ("model", prof["depths"][0] * models)}
+    out = {"available": True, "layer": dict(layer), "rows": []}
     for name, argv in runs:
-        if not budget.allows(f"kernels {name}"):
+        if not budget.allows(f"kernels {name}", *sizes[name]):
             continue
         torch._dynamo.reset()
-        rows += bench.run_bench(bench.parse_args(argv + common), name, device, dtype, autocast)
+        out["rows"] += bench.run_bench(bench.parse_args(argv + common), name, device, dtype, autocast)
         _free_memory(device)
-    return {"available": True, "layer": dict(layer), "rows": rows}
+        yield out
+    yield out
 
 
 def pre_section(prof, variants, device, dtype, autocast, compile_model, budget):
     """--hc-pre current vs delayed, whole model at the first depth (mHC and KromHC among the
     variants asked for), timed interleaved by scripts.bench, with the kernels each compiles to."""
     chosen = [v for v in ("mhc", "kromhc") if v in variants]
-    if not chosen or not budget.allows("pre"):
+    if not chosen or not budget.allows("pre", "model", prof["depths"][0] * 2 * len(chosen)):
         return []
     argv = ["--bench", "model", "--depth", str(prof["depths"][0]), "--aspect-ratio", str(prof["aspect"]),
             "--head-dim", str(prof["head_dim"]), "--seq-len", str(prof["seq_len"]),
@@ -345,9 +387,10 @@ def pre_section(prof, variants, device, dtype, autocast, compile_model, budget):
 def infer_section(prof, variants, device, dtype, autocast, budget):
     """scripts.bench --bench infer over every variant: eager, compiled and (CUDA) CUDA graphs;
     eager only without CUDA (a compiled graph costs minutes on a small CPU)."""
-    if not budget.allows("infer"):
-        return []
     size = prof["infer"]
+    # on CUDA every variant compiles for two modes (compiled, cudagraphs), forward only
+    if not budget.allows("infer", "model", size["depth"] * len(variants) * 2 if device.type == "cuda" else 0):
+        return []
     modes = "eager,compiled,cudagraphs" if device.type == "cuda" else "eager"
     argv = ["--bench", "infer", "--depth", str(size["depth"]), "--aspect-ratio", str(prof["aspect"]),
             "--head-dim", str(prof["head_dim"]), "--vocab-size", str(prof["vocab"]), "--streams", "4",
@@ -384,7 +427,8 @@ def generated_documents(count, seed=0):
 
 
 def train_section(prof, variants, steps, device, budget):
-    """scripts.base_train, in this process, on a generated corpus in a temporary directory."""
+    """scripts.base_train, in this process, on a generated corpus in a temporary directory;
+    yields the rows after each variant."""
     from nanochat.data.local import write_corpus
     from nanochat.tokenizer import Tokenizer
     from scripts import base_train
@@ -399,7 +443,7 @@ def train_section(prof, variants, steps, device, budget):
                          shard_chars=200_000)
             Tokenizer.train_from_iterator(iter(docs), prof["vocab_train"]).save(os.path.join(base, "tokenizer"))
             for variant in variants:
-                if not budget.allows(f"train {variant}"):
+                if not budget.allows(f"train {variant}", "train"):
                     continue
                 # Uncompiled: the compiled model is measured above, and compiling six more models
                 # would not fit the time budget; the optimizer kernels still compile on CUDA.
@@ -424,12 +468,13 @@ def train_section(prof, variants, steps, device, budget):
                 row["wall_s"] = time.time() - t0
                 rows.append(row)
                 _free_memory(device)
+                yield rows
         finally:
             if previous is None:
                 os.environ.pop("NANOCHAT_BASE_DIR", None)
             else:
                 os.environ["NANOCHAT_BASE_DIR"] = previous
-    return rows
+    yield rows
 
 
 # ----------------------------------------------------------------------------- report
@@ -522,9 +567,14 @@ def markdown(result):
                              _f(r.get("val_bpb"), ".4f"), _f(r.get("tok_per_sec"), ",.0f"),
                              _f(r.get("step_time"), ".3f"), f"{r['wall_s']:.0f}"] for r in result["train"]])]
     lines += ["", "Seconds per section: " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items())]
+    cases = result["cases"]
+    finished = [f"{what} {c['estimate_s']:.0f} -> {c['wall_s']:.0f}" for what, c in cases.items() if "wall_s" in c]
+    if finished:
+        lines += ["", "Seconds per case, estimated -> taken: " + ", ".join(finished)]
     if result["skipped"]:
         lines += ["", "Skipped (time budget; run them with --sections / --depths / --variants): "
-                  + ", ".join(result["skipped"])]
+                  + ", ".join(what + (f" (estimated {cases[what]['estimate_s']:.0f} s)" if what in cases else "")
+                              for what in result["skipped"])]
     if result["errors"]:
         lines += ["", "## Errors", ""] + [f"- {e}" for e in result["errors"]]
     return "\n".join(lines) + "\n"
@@ -540,8 +590,10 @@ def write(result, out):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.out):
-        parser.error(f"--out {args.out!r} is not a directory; create it first")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out {args.out!r}: cannot make that directory ({e.strerror}); pass another path")
     cuda = torch.cuda.is_available()
     profile = "tiny" if args.tiny or not cuda else "gpu"
     prof = dict(PROFILES[profile])
@@ -552,18 +604,19 @@ def main(argv=None):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
     compile_model = device.type == "cuda"
-    budget = Budget(args.time_budget)
+    budget = Budget(args.time_budget, prof["priors"])
     result = {"profile": profile, "args": vars(args), "sizes": prof, "env": env_info(device), "elapsed_s": {},
-              "errors": [], "skipped": budget.skipped}
+              "errors": [], "skipped": budget.skipped, "cases": budget.cases}
+    # each section's result so far, after each of its cases (one for the last three)
     sections = {
-        "attention": lambda: attention_section(prof, device, dtype),
+        "attention": lambda: [attention_section(prof, device, dtype)],
         "model": lambda: model_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
         "grads": lambda: grads_section(prof, args.variants, device, dtype, autocast,
                                        "inductor" if compile_model else "eager", budget),
         "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
         "kernels": lambda: kernels_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
-        "pre": lambda: pre_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
-        "infer": lambda: infer_section(prof, args.variants, device, dtype, autocast, budget),
+        "pre": lambda: [pre_section(prof, args.variants, device, dtype, autocast, compile_model, budget)],
+        "infer": lambda: [infer_section(prof, args.variants, device, dtype, autocast, budget)],
     }
     for name in SECTIONS[1:]:
         if name not in args.sections:
@@ -571,9 +624,13 @@ def main(argv=None):
         print(f"gpu_check: {name} ...", flush=True)
         t0 = time.time()
         try:
-            result[name] = sections[name]()
+            for partial in sections[name]():  # a section yields as each of its cases ends
+                budget.close()
+                result[name] = partial
+                write(result, args.out)  # after every case: a run killed from outside keeps it
         except Exception as e:  # report and go on: the other sections still measure something
             result["errors"].append(f"{name}: {type(e).__name__}: {e}")
+        budget.close()
         result["elapsed_s"][name] = time.time() - t0
         _free_memory(device)
         write(result, args.out)

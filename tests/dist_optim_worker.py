@@ -7,11 +7,13 @@ MuonAdamW on the full batch."""
 import os
 import sys
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
-from nanochat.optim import DistMuonAdamW
+from nanochat import optim
+from nanochat.optim import DistMuonAdamW, adamw_update
 
 BATCH = 8
 STEPS = 4
@@ -116,12 +118,13 @@ def main(out_dir):
     state_shapes = {f"{gi}.{pi}": {k: tuple(v.shape) for k, v in opt.state[p].items() if torch.is_tensor(v)}
                     for gi, g in enumerate(opt.param_groups) for pi, p in enumerate(g["params"])}
 
-    # One more step without grad norm, counting its all_reduce calls: the replicated AdamW
-    # params must share one collective.
-    calls = []
+    # One more step without grad norm, counting its all_reduce calls (the replicated AdamW
+    # params must share one collective) and the sizes its AdamW updates run on.
+    calls, updates = [], []
     real_all_reduce = dist.all_reduce
     dist.all_reduce = lambda *a, **k: calls.append(1) or real_all_reduce(*a, **k)
-    train(opt, params, 1, rows, first_step=STEPS, measure=False)
+    with mock.patch.object(optim, "adamw_update", lambda *a: updates.append(a[0].numel()) or adamw_update(*a)):
+        train(opt, params, 1, rows, first_step=STEPS, measure=False)
     dist.all_reduce = real_all_reduce
 
     # Interrupted run: 2 steps, save this rank's state, rebuild everything, load, 2 more.
@@ -157,7 +160,7 @@ def main(out_dir):
         runs[overlap] = dict(params=[p.detach() for p in params_o], launched=launched, units=len(opt_o._units))
 
     torch.save(dict(params=final, norms=norms, state_shapes=state_shapes, all_reduce_calls=len(calls),
-                    overlapped=runs[True], plain=runs[False],
+                    adamw_sizes=updates, overlapped=runs[True], plain=runs[False],
                     extra_step=[p.detach() for p in params], wrong_shard_refused=wrong_shard_refused,
                     resumed=[p.detach() for p in params_c], params_at_2=params_at_2),
                os.path.join(out_dir, f"rank{rank}.pt"))

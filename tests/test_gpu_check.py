@@ -81,11 +81,18 @@ def test_numeric_flags_reject_bad_values(flag, value, capsys):
     assert "Traceback" not in err
 
 
-def test_missing_out_directory_is_one_error(tmp_path, capsys):
+def test_missing_out_directory_is_made_and_a_file_is_one_error(tmp_path, capsys):
+    out = tmp_path / "new" / "dir"
+    gpu_check.main(["--out", str(out), "--sections", "env"])
+    assert json.loads((out / "gpu_check.json").read_text())["profile"] == "tiny"
+    (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as exc:
-        gpu_check.main(["--out", str(tmp_path / "nowhere"), "--sections", "env"])
+        gpu_check.main(["--out", str(tmp_path / "file"), "--sections", "env"])
     assert exc.value.code == 2
-    assert "create it first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "error:" in line] == [
+        f"python -m scripts.gpu_check: error: --out {str(tmp_path / 'file')!r}: cannot make that directory "
+        "(File exists); pass another path"]
 
 
 def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
@@ -93,7 +100,7 @@ def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
     section and all of the train section are listed as skipped, not failed."""
     allowed = {"model D1 residual", f"model D1 {gpu_check.FULL_CAUSAL}"}
     monkeypatch.setattr(gpu_check.Budget, "allows",
-                        lambda self, what: what in allowed or self.skipped.append(what))
+                        lambda self, what, kind, size=1: what in allowed or self.skipped.append(what))
     gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "model", "train"])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [r["label"] for r in result["model"]] == ["residual", gpu_check.FULL_CAUSAL]
@@ -134,3 +141,58 @@ def test_infer_section_measures_every_variant(tmp_path):
         base = next(p for p in rows if (p["bench"], p["variant"], p["batch"]) == (r["bench"], "residual", r["batch"]))
         assert r["time_vs_residual"] == pytest.approx(r["median_ms"] / base["median_ms"])
     assert "## Inference: prefill and decode through the KV cache" in (tmp_path / "gpu_check.md").read_text()
+
+
+class Killed(BaseException):
+    """What a kill from outside does to the run: nothing of it goes on (not an Exception, which
+    a section would catch and report)."""
+
+
+@pytest.mark.parametrize("section, builder", [("grads", "layer_case"), ("model", "model_case")])
+def test_a_run_killed_in_its_second_case_keeps_the_first(tmp_path, monkeypatch, section, builder):
+    calls = []
+    real = getattr(bench, builder)
+
+    def second_is_killed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, builder, second_is_killed)
+    with pytest.raises(Killed):
+        gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", section, "--variants", "residual", "mhc",
+                        "--depths", "1"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    first = "grads residual" if section == "grads" else "model D1 residual"
+    assert result["cases"][first]["wall_s"] >= 0 and "estimate_s" in result["cases"][first]
+    if section == "grads":
+        assert [r["variant"] for r in result["grads"]] == ["residual"]
+    assert first in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_budget_estimates_a_case_from_its_kind_and_skips_what_would_not_fit(monkeypatch):
+    """Before any case of a kind has finished, its estimate is the prior; then the longest
+    seconds per unit seen, times the case's size. A case that would end past the budget is
+    skipped, with its estimate kept."""
+    clock = [1000.0]
+    monkeypatch.setattr(gpu_check.time, "time", lambda: clock[0])
+    budget = gpu_check.Budget(100, {"model": 10})
+
+    def case(what, kind, size, seconds):
+        if not budget.allows(what, kind, size):
+            return False
+        clock[0] += seconds
+        budget.close()
+        return True
+
+    assert case("model D6 residual", "model", 6, 30)  # prior: 60 s
+    assert case("model D6 mhc", "model", 6, 42)  # 5 s per layer measured: 30 s, to end at 60
+    assert case("grads mhc", "layer", 1, 3)  # no prior, none measured: 0 s
+    assert not case("model D12 residual", "model", 12, 0)  # 7 s per layer: 84 s, to end at 159
+    assert budget.skipped == ["model D12 residual"]
+    assert budget.cases == {
+        "model D6 residual": {"kind": "model", "size": 6, "estimate_s": 60, "wall_s": 30},
+        "model D6 mhc": {"kind": "model", "size": 6, "estimate_s": 30, "wall_s": 42},
+        "grads mhc": {"kind": "layer", "size": 1, "estimate_s": 0, "wall_s": 3},
+        "model D12 residual": {"kind": "model", "size": 12, "estimate_s": 84}}

@@ -158,6 +158,34 @@ def test_auto_and_torch_never_reach_liger_on_cpu(monkeypatch):
         layer(random_streams(4), make_branch())
 
 
+def test_only_training_reaches_the_kernels(monkeypatch, tmp_path):
+    """Triton compiles Liger's kernels once per token count N: a training step (one N) runs
+    them; CORE (an N per example) and generation (an N per prompt, then 1 per token) on the
+    same liger model reach them at no N at all."""
+    from nanochat.core_eval import evaluate_core
+    from nanochat.engine import Inference
+    from test_core_eval import ByteTokenizer, make_bundle
+
+    counts = []  # the token count of every call into the kernels
+    for name, stream_arg in (("mix_pre", 1), ("mix_post", 1), ("rms_project", 0)):
+        def counted(*args, real=getattr(liger, name), stream_arg=stream_arg):
+            X = args[stream_arg]
+            counts.append(X.shape[:-2 if stream_arg else -1].numel())
+            return real(*args)
+        monkeypatch.setattr(liger, name, counted)
+    cfg = GPTConfig(sequence_len=64, vocab_size=257, n_layer=1, n_head=2, n_kv_head=2, n_embd=32, hc="kromhc",
+                    hc_kernels="liger")
+    model = build_model(cfg, "cpu")
+    idx = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(10))
+    model(idx, idx).backward()
+    assert counts and set(counts) == {2 * 8}
+    counts.clear()
+    out = evaluate_core(model, ByteTokenizer(), "cpu", make_bundle(tmp_path), max_per_task=3, max_seq_len=64)
+    assert out["tasks"]["mc"]["examples"] == 3
+    assert len(list(Inference(model).generate([1, 2, 3], max_tokens=3))) == 3
+    assert counts == []
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(hc_kernels="triton"), "unknown hc_kernels='triton'; choose one of torch, liger, auto"),
     (dict(hc_kernels="liger", hc="mhc_lite", hc_streams=3), "power-of-two number of streams"),

@@ -2,17 +2,20 @@
 against a from-the-formulas reference, gradient norms, checkpoints, group validation, and
 DistMuonAdamW on 2 gloo processes against MuonAdamW."""
 
+import collections
 import io
 import os
 import socket
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dist_optim_worker as toy
-from nanochat.optim import (POLAR_EXPRESS_COEFFS, DistMuonAdamW, MuonAdamW, build_optimizer,
+from nanochat.optim import (POLAR_EXPRESS_COEFFS, DistMuonAdamW, MuonAdamW, adamw_update, build_optimizer,
                             polar_express)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,6 +83,91 @@ def test_adamw_matches_torch_adamw():
     for p, q in zip(ours, ref):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
         assert opt.state[p]["exp_avg"].shape == p.shape and opt.state[p]["step"] == 10
+
+
+def _reference_adamw(params, grads, states, group):
+    """The per-tensor form of the update: adamw_update on each tensor at its own step count."""
+    beta1, beta2 = group["betas"]
+    for p, g, state in zip(params, grads, states):
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        scalars = [torch.tensor(float(v)) for v in (state["step"], group["lr"], beta1, beta2, group["eps"],
+                                                    group["weight_decay"])]
+        adamw_update(p.view(-1), g.reshape(-1), state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1), *scalars)
+
+
+def test_fused_adamw_equals_the_update_of_each_tensor():
+    """A replicated group of small params in two dtypes, a large param (updated alone) and a
+    param that misses a gradient now and then (so it falls behind by a step): the batched
+    update gives the per-tensor update's params and moments bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3,), (4, 5), (1,), (7, 3), (48, 32), (40, 40)]
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, torch.float32]
+    init = [torch.randn(s, generator=gen).to(d) for s, d in zip(shapes, dtypes)]
+    ours = [t.clone().requires_grad_() for t in init]
+    ref = [t.clone() for t in init]
+    hyper = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
+    opt = MuonAdamW([dict(kind="adamw", params=ours[:5], replicated=True, **hyper),
+                     dict(kind="adamw", params=ours[5:], **hyper)])
+    ref_states = [{} for _ in ref]
+    for step in range(5):
+        for i, p in enumerate(ours):  # the (1,) param has no gradient at odd steps
+            p.grad = None if i == 2 and step % 2 else torch.randn(p.shape, generator=gen).to(p.dtype)
+        for group in opt.param_groups:
+            group["lr"] = hyper["lr"] * (1 - 0.1 * step)
+        with torch.no_grad():
+            live = [i for i, p in enumerate(ours) if p.grad is not None]
+            _reference_adamw([ref[i] for i in live], [ours[i].grad for i in live], [ref_states[i] for i in live],
+                             dict(hyper, lr=opt.param_groups[0]["lr"]))
+        opt.step()
+    assert opt.state[ours[2]]["step"] == 3 and opt.state[ours[0]]["step"] == 5
+    for p, q, state in zip(ours, ref, ref_states):
+        assert torch.equal(p.detach(), q)
+        assert all(torch.equal(opt.state[p][k], state[k]) for k in ("exp_avg", "exp_avg_sq"))
+
+
+def _ops_of_one_step(n_small):
+    """The aten ops (views left out) and the adamw_update calls of one optimizer step, with
+    gradient norms, on a replicated group of n_small small params beside a large param and a
+    muon group; the second step, once the lazy state exists."""
+    gen = torch.Generator().manual_seed(n_small)
+    small = [torch.randn(5, 3, generator=gen).requires_grad_() for _ in range(n_small)]
+    large, matrix = torch.randn(64, 40, generator=gen).requires_grad_(), torch.randn(8, 8).requires_grad_()
+    opt = MuonAdamW([dict(kind="adamw", params=[large], lr=0.01, betas=(0.8, 0.95)),
+                     dict(kind="adamw", params=small, lr=0.01, betas=(0.8, 0.95), replicated=True),
+                     dict(kind="muon", params=[matrix], lr=0.02)])
+    ops, calls = collections.Counter(), []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    def counted(*args):
+        calls.append(args[0].numel())
+        return adamw_update(*args)
+
+    for step in range(2):
+        for p in (large, *small, matrix):
+            p.grad = torch.randn(p.shape, generator=gen)
+        if step == 0:
+            opt.step(measure_grad_norm=True)
+            continue
+        with Count(), mock.patch("nanochat.optim.adamw_update", counted):
+            opt.step(measure_grad_norm=True)
+    return ops, calls
+
+
+def test_adamw_step_costs_kernels_per_group_not_per_param():
+    """One update for the replicated group, whatever its size: the step's ops do not grow
+    with the number of params (with an update per param they grew by 36 per param, 12 to
+    16 params costing 432 more ops)."""
+    ops_4, calls_4 = _ops_of_one_step(4)
+    ops_16, calls_16 = _ops_of_one_step(16)
+    assert calls_4 == [64 * 40, 4 * 15] and calls_16 == [64 * 40, 16 * 15]
+    assert ops_16 == ops_4
 
 
 # ---- Muon
@@ -293,8 +381,11 @@ def test_distributed_matches_single_process(ranks):
         for got, want in zip(res["resumed"], res["params"]):
             assert torch.equal(got, want)
         assert res["wrong_shard_refused"]
-        # one all_reduce per step for all replicated AdamW params
+        # one all_reduce per step for all replicated AdamW params, and one AdamW update per
+        # group in the flat buffer: the (33, 40) embedding's and the five hc params'; the
+        # sharded (64, 40) embedding updates its 32 rows
         assert res["all_reduce_calls"] == 1
+        assert res["adamw_sizes"] == [33 * 40, 3 + 20 + 1 + 21 + 48 * 32, 32 * 40]
     for a, b in zip(ranks[0]["extra_step"], ranks[1]["extra_step"]):
         assert torch.equal(a, b)
 

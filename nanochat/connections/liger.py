@@ -25,6 +25,8 @@ its backward also reduces the gradient of h_res, computed and dropped for hc_ide
 identity h_res is passed). Gradients of the weights are summed with atomic adds: not
 bit-reproducible on a GPU.
 
+Only training steps come here (ops.uses_liger says why): evaluation runs the torch ops.
+
 Liger and Triton are an optional extra (`pip install -e '.[kernels]'`), imported on first
 use (importing them takes seconds). No device check stands in the way on CPU: with
 TRITON_INTERPRET=1 set before the first use, the kernels run on CPU tensors (the tests).

@@ -157,7 +157,14 @@ def resolve_kernels(cfg):
 
 def uses_liger(kernels, X):
     """torch: the ops below; liger: Liger's kernels; auto: Liger's where they can serve
-    (CUDA streams, Liger installed, n a power of two), else torch."""
+    (CUDA streams, Liger installed, n a power of two), else torch. Either way Liger's only
+    where autograd records, i.e. in training: Triton compiles the kernels again for every
+    token count N (a constexpr of theirs), which training keeps fixed and evaluation changes
+    at nearly every call (CORE's examples, each prompt and decode step, loss and lm_eval
+    batches, the diagnostics), at three compiles per new N. A forward without autograd,
+    where the kernels would save nothing for a backward, runs the torch ops instead."""
+    if not torch.is_grad_enabled():
+        return False
     return kernels == "liger" or (kernels == "auto" and liger.serves(X))
 
 
