@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from nanochat import optim
+from nanochat import engine, optim
 from nanochat.gpt import EagerSteps
 from tests.cuda_dryrun import H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
 from tests.test_stream_dtype import CASES, case_id
@@ -84,6 +84,19 @@ def test_prefill_and_decode_through_the_static_cache(case, monkeypatch):
             prefill = steps.step(tokens(16)[:1], cache)
             decode = steps.step(tokens(1)[:1], cache)
     assert prefill.shape == (1, 16, 300) and decode.shape == (1, 1, 300)
+
+
+def test_compiled_inference_on_cuda_keeps_the_model_and_its_caches(monkeypatch):
+    """On CUDA compiled inference decodes under CUDA graphs from kept caches of power-of-two
+    capacity; building it changes nothing on the model (its FlexAttention stays)."""
+    with fake_cuda(monkeypatch), torch.no_grad():
+        model = fake_cuda_model(hc="kromhc", attention="flex")
+        inference = engine.Inference(model, compile=True)
+        with cuda_autocast():
+            cache = inference.cache(2, 40)
+            assert inference.cache(2, 50) is cache
+    assert inference.cuda_graphs and {block.attn.attention for block in model.transformer.h} == {"flex"}
+    assert cache.max_len == engine.MIN_CAPACITY and cache.k[0].dtype == torch.bfloat16 and cache.pos.device.type == "cuda"
 
 
 def test_scoring_a_prompt_longer_than_the_training_length(monkeypatch):

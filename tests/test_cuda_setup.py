@@ -3,6 +3,7 @@ visible GPU (tests/cuda_dryrun.py): runs on every build of torch."""
 
 import json
 
+import pytest
 import torch
 
 from nanochat import common
@@ -35,3 +36,25 @@ def test_training_takes_the_local_rank(one_gpu, monkeypatch):  # noqa: F811
     monkeypatch.setenv("NANOCHAT_DTYPE", "bfloat16")
     info, device = common.compute_init("cuda")
     assert device == torch.device("cuda", info.local_rank) and one_gpu.set_devices == [info.local_rank]
+
+
+class Loaded(Exception):
+    """Raised in place of loading a checkpoint: the first kernel of an evaluation."""
+
+
+def test_evaluation_loads_its_model_onto_the_gpu(one_gpu, tmp_path, monkeypatch):  # noqa: F811
+    from nanochat import checkpoint
+    from scripts import base_eval
+    monkeypatch.delenv("NANOCHAT_DTYPE", raising=False)
+    where = []
+
+    def load_model(run_dir, step=None, device=None):
+        where.append(device)
+        raise Loaded
+
+    monkeypatch.setattr(checkpoint, "load_model", load_model)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(Loaded):
+        base_eval.main(["--run-dir", str(run_dir), "--eval", "bpb", "--device-type", "cuda"])
+    assert where == [torch.device("cuda", 0)] and common.compute_dtype("cuda") == torch.bfloat16
