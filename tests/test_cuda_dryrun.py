@@ -14,7 +14,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from nanochat import engine, optim
 from nanochat.gpt import EagerSteps
-from tests.cuda_dryrun import H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
+from tests.cuda_dryrun import GPU, H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
 from tests.test_stream_dtype import CASES, case_id
 
 pytestmark = needs_fake_cuda
@@ -22,7 +22,7 @@ B, T = 2, 32
 
 
 def tokens(t=T):
-    return torch.zeros(B, t, dtype=torch.long, device="cuda")
+    return torch.zeros(B, t, dtype=torch.long, device=GPU)
 
 
 def watch_states(model):
