@@ -28,7 +28,18 @@ from nanochat import connections
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 
 
+def with_variant_fields(cls):
+    """Add every variant's own config fields (its module's FIELDS, nanochat/connections) to
+    the config class, with their defaults, so that a new wiring adds none here; a checkpoint
+    written before a field existed rebuilds with its default."""
+    for name, (default, *_) in connections.variant_fields().items():
+        cls.__annotations__[name] = type(default)
+        setattr(cls, name, field(default_factory=lambda d=default: list(d)) if isinstance(default, list) else default)
+    return cls
+
+
 @dataclass
+@with_variant_fields
 class GPTConfig:
     sequence_len: int = 2048
     vocab_size: int = 32768
@@ -40,12 +51,11 @@ class GPTConfig:
     # nanochat's value embeddings (on at the pin). Off, with a 65,536 vocab, gives the
     # paper's stated sizes (~60M at D=6, ~186M at D=12); see README "The residual row".
     value_embeds: bool = True
-    # Stream connections (DESIGN.md section 3). hc_streams = 0 and hc_factors = [] mean
-    # "the variant's default" (1 for residual, 4 for the others; prime factors for kromhc).
+    # Stream connections (docs/connections.md). hc_streams = 0 means "the variant's default"
+    # (1 for the single-state variants, 4 for the others). Each variant's own fields
+    # (hc_factors, hc_go_s, attnres_block_size, ...) come from its module: with_variant_fields.
     hc: str = "residual"
     hc_streams: int = 0
-    hc_factors: list = field(default_factory=list)
-    hc_alpha_shared: bool = True
     hc_sk_iters: int = 20
     hc_norm_weight: bool = True
     hc_recompute: bool = False
@@ -56,9 +66,6 @@ class GPTConfig:
     hc_lss_init: float = 0.6
     hc_reduce: str = "sum"  # sum | learned (DeepSeek-V4's head)
     hc_pre: str = "current"  # current | delayed (DeepSeek-V4.1's single-pass pre-weights)
-    # Fields of one variant each (connections/go_mhc.py, attnres.py).
-    hc_go_s: int = 2  # go_mhc's block size s
-    attnres_block_size: int = 0  # attnres: modules per block (0: about 8 blocks)
     # Attention kernel: "flex" (FlexAttention, block-sparse sliding windows), "sdpa"
     # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
     # sdpa elsewhere). Checkpoints written before the field existed load as "auto".
@@ -73,7 +80,6 @@ class GPTConfig:
             raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
-        self.hc_factors = list(self.hc_factors or [])
         connections.resolve_config(self)
 
 

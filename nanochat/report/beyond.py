@@ -4,7 +4,7 @@ the same variant, depth and n in the paper's configuration (for an option), or t
 variant's natural baseline (for a new variant). The paper has no numbers for any of them."""
 
 from nanochat.report.format import MISSING, NOT_APPLICABLE, fmt, fmt_seeds, md_table, signed
-from nanochat.report.runs import (NO_H_RES, beyond_paper, core_score, method_label, method_order, params, stability,
+from nanochat.report.runs import (beyond_paper, has_h_res, core_score, method_label, method_order, params, stability,
                                   train_loss, val_bpb)
 from nanochat.report.tables import residual_reference, row_members, row_name, row_runs, row_status, same_factors
 
@@ -63,7 +63,7 @@ def beyond_table(runs, groups=None):
             d_loss = None if loss is None or train_loss(other) is None else loss - train_loss(other)
             d_bpb = None if bpb is None or val_bpb(other) is None else bpb - val_bpb(other)
         stats = stability(r)[0] or {}
-        collapse = ((NOT_APPLICABLE, NOT_APPLICABLE) if r.variant in NO_H_RES else
+        collapse = ((NOT_APPLICABLE, NOT_APPLICABLE) if not has_h_res(r.variant) else
                     (fmt(stats.get("effective_streams_mean"), ".2f"), fmt(stats.get("offdiag_mass_mean"), ".3f")))
         rows.append((method_label(r), row_name(members), fmt(r.depth, "d"), fmt(r.n, "d"), row_status(members),
                      fmt(delta, ".1f"), fmt_seeds([train_loss(m) for m in members]),

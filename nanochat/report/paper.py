@@ -15,19 +15,8 @@ tables use n = 4 streams, KromHC with factors 2 x 2 and a shared alpha_res.
 
 from dataclasses import dataclass
 
-# Display names, in the paper's row order; `hc` and `hc_identity` are this project's extras,
-# the last three the variants after the paper (Attention Residuals a baseline, not HC).
-METHOD_NAMES = {
-    "residual": "Residual",
-    "hc": "HC",
-    "hc_identity": "HC (H_res = I)",
-    "mhc": "mHC",
-    "mhc_lite": "mHC-lite",
-    "kromhc": "KromHC",
-    "go_mhc": "go-mHC",
-    "frac": "Frac-Connections",
-    "attnres": "Block AttnRes (baseline)",
-}
+# Display names and row order are the registry's (each variant module's SPEC label,
+# nanochat/connections): connections.label(name).
 PAPER_METHODS = ("residual", "mhc", "mhc_lite", "kromhc")
 PAPER_DEPTHS = (6, 12)
 PAPER_STREAMS = 4
