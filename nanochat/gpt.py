@@ -9,6 +9,8 @@ of 64; sliding windows from a pattern string; GQA; meta-device construction foll
 `init_weights()`. What changes is the trunk: the model builds its sub-layers as branches
 (u -> sub-layer(norm(u))) and hands the embedding and the branches to `StreamConnections`,
 which runs the whole residual path and returns the folded state; nothing here knows streams.
+The attention branch also takes a triple (u_q, u_k, u_v), each normed on its own, for a
+wiring that feeds query, key and value from different states (MUDDFormer).
 The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in one place,
 `CausalSelfAttention.forward`.
 """
@@ -85,6 +87,12 @@ class GPTConfig:
 
 def norm(x):
     return F.rms_norm(x, (x.size(-1),))
+
+
+def norm_inputs(u):
+    """A branch's input normed: a state, or a (u_q, u_k, u_v) triple with a norm of its own
+    for each (attention's inputs from different states)."""
+    return tuple(norm(t) for t in u) if isinstance(u, tuple) else norm(u)
 
 
 def has_value_embedding(layer_idx, config):
@@ -271,20 +279,24 @@ class CausalSelfAttention(nn.Module):
                         if has_value_embedding(layer_idx, config) else None)
 
     def forward(self, x, ve, cos_sin, window, kv_cache, key_mask=None):
-        B, T, C = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        """x: the normed input (B, T, C), or a triple (x_q, x_k, x_v) when a wiring feeds the
+        query, key and value from different states (MUDDFormer); the value embedding's gate
+        reads the value's input."""
+        x_q, x_k, x_v = x if isinstance(x, tuple) else (x, x, x)
+        B, T, C = x_q.shape
+        q = self.c_q(x_q).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x_k).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(x_v).view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
             # ResFormer-style value residual, gated per head in (0, 2).
-            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate_channels]))
+            gate = 2 * torch.sigmoid(self.ve_gate(x_v[..., :self.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view_as(v)
         cos, sin = cos_sin
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv_head != self.n_head
-        flex = attention_backend(self.attention, x.device) == "flex"
+        flex = attention_backend(self.attention, x_q.device) == "flex"
         if kv_cache is None and key_mask is None and window < T and flex:
             # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
             # mask (no flash kernel, every masked block computed) and a block mask skips work.
@@ -499,8 +511,9 @@ class GPT(nn.Module):
             window = self.window_sizes[i]
 
             def attn_branch(u, i=i, block=block, window=window):
+                # u: a state, or a (u_q, u_k, u_v) triple (CausalSelfAttention.forward)
                 ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-                return block.attn(norm(u), ve, (cos, sin), window, kv_cache, padding_mask)
+                return block.attn(norm_inputs(u), ve, (cos, sin), window, kv_cache, padding_mask)
 
             def mlp_branch(u, block=block):
                 return block.mlp(norm(u))

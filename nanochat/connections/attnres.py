@@ -66,7 +66,9 @@ SPEC = dict(
     state="single",
     has_h_res=False,
     in_paper=False,
-    equals_prenorm_at_init=False,  # every read starts as the plain mean of its sources
+    # Every read starts as the plain mean of its sources, 1/k of the residual's sum, which the
+    # next RMSNorm (the sub-layer's, the head's) does not see: pre-norm to the norm's epsilon.
+    equals_prenorm_at_init=True,
     params=config_params,  # 2C per read, 2 * n_layer reads and the final one
     settings=lambda cfg: block_settings(cfg.attnres_block_size, 2 * cfg.n_layer),
 )
