@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from nanochat import connections
 from nanochat.connections.residual import RESID_LR_FRACTION
 from nanochat.report import paper
 from nanochat.report.runs import Run, beyond_paper, paper_key
@@ -223,7 +224,7 @@ def test_config_resolves_through_base_train_and_builds_its_model(path):
     with torch.device("meta"):
         model = GPT(config)
     assert len(model.connections.layers) == 2 * args.depth
-    assert model.connections.n == (1 if args.hc in ("residual", "attnres") else (args.hc_streams or 4))
+    assert model.connections.n == (args.hc_streams or 4 if connections.spec(args.hc).streams else 1)
     groups = model.param_groups()
     assert not any(g["kind"] == "muon" and g["name"] == "hc" for g in groups)
     for world in ((1,) if args.device_type == "cpu" else (1, 8)):

@@ -52,6 +52,7 @@ SPEC = dict(
     params=config_params,
     stream_flops=config_stream_flops,
     settings=lambda cfg: f"s={cfg.hc_go_s}",
+    baseline="mhc",  # it replaces mHC's Sinkhorn
 )
 # The variant's own config field and its default: other variants refuse another value.
 FIELDS = {"hc_go_s": DEFAULT_GO_S}

@@ -27,6 +27,8 @@ and may add, with these defaults:
     stream_flops=None       cfg -> training FLOPs per token of the stream work the FLOP
                             convention leaves out (hc_report's FLOP table), None: not sized
     stream_symbol="n"       what --hc-streams counts, as tables write it (frac: "m")
+    baseline="residual"     the variant its runs are read against in the report's "Beyond the
+                            paper" section (its nearest relative: go-mHC's is mHC)
     settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
                             factors), for the training log, hc_report and the model card
 
@@ -57,6 +59,7 @@ class Spec:
     bench_layer: int = 0
     stream_flops: Callable | None = None
     stream_symbol: str = "n"
+    baseline: str = "residual"
     settings: Callable | None = None
 
     @property
