@@ -51,7 +51,7 @@ class GPTConfig:
     n_embd: int = 768
     window_pattern: str = "SSSL"
     # nanochat's value embeddings (on at the pin). Off, with a 65,536 vocab, gives the
-    # paper's stated sizes (~60M at D=6, ~186M at D=12); see README "The residual row".
+    # paper's stated sizes (~60M at D=6, ~186M at D=12); see docs/variants.md, "The residual row".
     value_embeds: bool = True
     # Stream connections (docs/connections.md). hc_streams = 0 means "the variant's default"
     # (1 for the single-state variants, 4 for the others). Each variant's own fields

@@ -103,7 +103,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     hf_model.model = model
     if dtype != "float32":
         hf_model.to(DTYPES[dtype])
-        model.connections.float()  # coefficients stay fp32 (DESIGN section 3), as on loading
+        model.connections.float()  # coefficients stay fp32 (docs/connections.md, "Precision"), as on loading
     counts = model.param_counts()
 
     out = Path(out)
