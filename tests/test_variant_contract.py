@@ -9,7 +9,6 @@ Tiny models throughout; one run directory per variant, shared by the checks."""
 
 import dataclasses
 import json
-import shutil
 import types
 
 import pytest
@@ -63,13 +62,8 @@ def dummy(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory, tokenizer_dir):
-    """A base directory with the tests' tokenizer (the export needs it), as NANOCHAT_BASE_DIR."""
-    path = tmp_path_factory.mktemp("contract")
-    shutil.copytree(tokenizer_dir, path / "tokenizer")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NANOCHAT_BASE_DIR", str(path))
-        yield path
+def base(base_with_tokenizer):
+    return base_with_tokenizer
 
 
 def run_of(base, make_run, name):
