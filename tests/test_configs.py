@@ -163,9 +163,10 @@ def test_frontier_configs_are_the_paper_run_of_their_variant_plus_one_option():
 
 
 def test_frontier_variants_share_the_paper_runs_settings():
-    """The variants beyond the paper's family (go_mhc, frac, attnres) at D=12 train with the
-    paper's D=12 settings (those of its mHC run) and differ only in the connection."""
-    connection = {"hc", "hc_streams", "hc_sk_iters", "hc_go_s", "attnres_block_size"}
+    """Every registered variant beyond the paper (go_mhc, frac, attnres, ...) has a D=12
+    frontier config with the paper's D=12 settings (those of its mHC run), differing only in
+    the connection (its own fields among them)."""
+    connection = {"hc", "hc_streams", "hc_sk_iters", *connections.variant_fields()}
     base = load(CONFIG_ROOT / "paper" / "d12_mhc.toml")
     variants = {}
     for path in config_files("frontier"):
@@ -177,7 +178,7 @@ def test_frontier_variants_share_the_paper_runs_settings():
         run = as_run(path)
         assert run.options == () and paper_key(run) is None and beyond_paper(run)
         variants[config["hc"]] = config
-    assert set(variants) == {"go_mhc", "frac", "attnres"}
+    assert set(variants) == {name for name, spec in connections.specs().items() if spec.beyond_paper}
     assert variants["go_mhc"]["hc_streams"] == variants["frac"]["hc_streams"] == 4
     assert variants["attnres"]["attnres_block_size"] == 3  # 24 modules in ~8 blocks, the default at D=12
 
