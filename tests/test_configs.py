@@ -19,8 +19,9 @@ GROUPS = ("paper", "n_scaling", "ablations", "cpu", "frontier")
 
 # The config keys: base_train flags with underscores.
 KNOWN_KEYS = set(FLAG_NAMES)
-VARIANTS = {"residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc", "frac", "attnres"}
-PAPER_FAMILY = {"residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc"}
+VARIANTS = set(connections.VARIANTS)
+# The paper's rows and the project's ablations of them (the cpu demo's variants).
+PAPER_FAMILY = {name for name, spec in connections.specs().items() if not spec.beyond_paper}
 # A paper reference in a header: "Table 3 (tab:loss)", "Figures 5 and 8 (fig:...", or the
 # appendix section that has neither.
 CITATION = re.compile(r"(Tables?|Figures?) \d+[^()]*\((tab|fig):|Appendix \"Factorization Choices\"|"
