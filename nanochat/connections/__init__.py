@@ -32,8 +32,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, denseformer, frac, go_mhc, hc, hc_identity, kromhc, mhc, mhc_lite, ops,
-                                  residual, trunk)
+from nanochat.connections import (attnres, denseformer, frac, go_mhc, hc, hc_identity, kromhc, mhc, mhc_lite,
+                                  muddformer, ops, residual, trunk)
 from nanochat.connections.diagnostics import record_state
 from nanochat.connections.spec import SpecError, spec_of
 
@@ -50,6 +50,7 @@ VARIANTS = {
     "frac": frac,
     "attnres": attnres,
     "denseformer": denseformer,
+    "muddformer": muddformer,
 }
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
