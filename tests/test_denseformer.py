@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from nanochat.gpt import GPTConfig, KVCache, build_model, model_config_from_depth
-from nanochat.train_config import model_config_for, parse_args
+from nanochat.gpt import GPT, GPTConfig, build_model, model_config_from_depth
 from test_gpt import randomize
 from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (base: a fixture)
-from test_variant_contract import prenorm_logits
+import wiring_checks
+from wiring_checks import assert_causal, assert_decode_matches, assert_one_error_line, assert_refused, prenorm_logits
 
 VOCAB = 64
 SHAPES = [dict(), dict(dwa_dilation=2), dict(dwa_period=2), dict(dwa_dilation=2, dwa_period=3)]
@@ -40,7 +40,7 @@ def random_alphas(model, seed=2):
 
 
 def tokens(seed=0, T=12):
-    return torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(seed))
+    return wiring_checks.tokens(VOCAB, seed, T)
 
 
 def reference_logits(model, idx):
@@ -92,13 +92,7 @@ def test_averages_match_the_papers_equations(shape):
 
 
 def test_is_causal():
-    model = random_alphas(randomize(tiny(dwa_dilation=2), seed=4))
-    idx = tokens()
-    changed = idx.clone()
-    changed[:, 6] = (changed[:, 6] + 1) % VOCAB
-    with torch.no_grad():
-        a, b = model(idx), model(changed)
-    assert torch.equal(a[:, :6], b[:, :6]) and not torch.allclose(a[:, 6:], b[:, 6:])
+    assert_causal(random_alphas(randomize(tiny(dwa_dilation=2), seed=4)), tokens())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -123,20 +117,13 @@ def test_gradcheck_fp64():
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_kv_cache_decoding_equals_the_full_forward(shape):
-    model = random_alphas(randomize(tiny(**shape), seed=7))
-    idx = tokens(T=12)
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache(2, model.config.n_layer, 2, model.head_dim, 12, "cpu", torch.float32)
-        steps = [model(idx[:, :4], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache) for t in range(4, 12)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_decode_matches(random_alphas(randomize(tiny(**shape), seed=7)), tokens())
 
 
 def test_parameter_count_is_the_papers():
     """L_b (L_b + 3) / 2 alphas at dilation and period 1: 90 at 12 blocks."""
     config = model_config_from_depth(12, 32768, 2048, hc="denseformer")
     with torch.device("meta"):
-        from nanochat.gpt import GPT
         assert GPT(config).param_counts()["connections"] == 90 == 12 * 15 // 2
     assert tiny(n_layer=4, dwa_dilation=2).param_counts()["connections"] == 1 + 2 + 2 + 3  # |S_1..4| at k = 2
     assert tiny(n_layer=4, dwa_period=2).param_counts()["connections"] == 3 + 5  # blocks 2 and 4 only
@@ -148,10 +135,7 @@ def test_parameter_count_is_the_papers():
     (["--hc", "denseformer", "--dwa-period", "two"], "argument --dwa-period: "),
 ])
 def test_bad_flag_values_are_one_error_line(capsys, argv, message):
-    with pytest.raises(SystemExit):
-        parse_args(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("python -m scripts.base_train: error: " + message) and "Traceback" not in "\n".join(err)
+    assert_one_error_line(capsys, argv, message)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -161,9 +145,7 @@ def test_bad_flag_values_are_one_error_line(capsys, argv, message):
     (["--hc", "denseformer", "--hc-recompute", "true"], "hc_recompute does not apply to hc='denseformer'"),
 ])
 def test_flags_that_do_not_apply_are_refused(argv, message):
-    args = parse_args(argv)
-    with pytest.raises(ValueError, match=message):
-        model_config_for(args, VOCAB)
+    assert_refused(argv, message, VOCAB)
 
 
 @pytest.mark.slow

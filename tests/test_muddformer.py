@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from nanochat.connections.ops import RMS_EPS
-from nanochat.gpt import GPT, GPTConfig, KVCache, build_model, model_config_from_depth
-from nanochat.train_config import model_config_for, parse_args
+from nanochat.gpt import GPT, GPTConfig, build_model, model_config_from_depth
 from test_gpt import randomize
 from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (base: a fixture)
-from test_variant_contract import prenorm_logits
+import wiring_checks
+from wiring_checks import assert_causal, assert_decode_matches, assert_one_error_line, assert_refused, prenorm_logits
 
 VOCAB = 64
 FORMS = [False, True]  # mudd_prepost_norm
@@ -43,7 +43,7 @@ def random_weights(model, seed=2):
 
 
 def tokens(seed=0, T=12):
-    return torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(seed))
+    return wiring_checks.tokens(VOCAB, seed, T)
 
 
 def rms(v):
@@ -106,13 +106,7 @@ def test_dense_connections_match_the_reference_equations(prepost):
 
 @pytest.mark.parametrize("prepost", FORMS, ids=form_id)
 def test_is_causal(prepost):
-    model = random_weights(randomize(tiny(prepost=prepost), seed=4))
-    idx = tokens()
-    changed = idx.clone()
-    changed[:, 6] = (changed[:, 6] + 1) % VOCAB
-    with torch.no_grad():
-        a, b = model(idx), model(changed)
-    assert torch.equal(a[:, :6], b[:, :6]) and not torch.allclose(a[:, 6:], b[:, 6:])
+    assert_causal(random_weights(randomize(tiny(prepost=prepost), seed=4)), tokens())
 
 
 @pytest.mark.parametrize("prepost", FORMS, ids=form_id)
@@ -142,13 +136,7 @@ def test_gradcheck_fp64(prepost):
 def test_kv_cache_decoding_equals_the_full_forward(prepost):
     """In fp64: the random dense weights amplify fp32's different summation orders of a full
     forward and a decode step (3e-5 seen), so fp32 would need a tolerance a real mismatch fits in."""
-    model = random_weights(randomize(tiny(prepost=prepost), seed=7)).double()
-    idx = tokens(T=12)
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache(2, model.config.n_layer, 2, model.head_dim, 12, "cpu", torch.float64)
-        steps = [model(idx[:, :4], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache) for t in range(4, 12)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert_decode_matches(random_weights(randomize(tiny(prepost=prepost), seed=7)).double(), tokens(), tol=1e-10)
 
 
 @pytest.mark.parametrize("depth, width, prepost, published", [(12, 768, False, 610_689), (12, 256, False, 217_473),
@@ -168,10 +156,7 @@ def test_parameter_counts_are_the_published_ones(depth, width, prepost, publishe
     (["--hc", "muddformer", "--mudd-prepost-norm", "maybe"], "argument --mudd-prepost-norm: "),
 ])
 def test_bad_flag_values_are_one_error_line(capsys, argv, message):
-    with pytest.raises(SystemExit):
-        parse_args(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("python -m scripts.base_train: error: " + message) and "Traceback" not in "\n".join(err)
+    assert_one_error_line(capsys, argv, message)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -181,9 +166,7 @@ def test_bad_flag_values_are_one_error_line(capsys, argv, message):
     (["--hc", "muddformer", "--hc-kernels", "liger"], "no kernels for hc='muddformer'"),
 ])
 def test_flags_that_do_not_apply_are_refused(argv, message):
-    args = parse_args(argv)
-    with pytest.raises(ValueError, match=message):
-        model_config_for(args, VOCAB)
+    assert_refused(argv, message, VOCAB)
 
 
 @pytest.mark.slow

@@ -17,10 +17,11 @@ import torch
 from nanochat import connections, plan
 from nanochat.connections.spec import SpecError
 from nanochat.connections.trunk import ConnectionLayer
-from nanochat.gpt import GPTConfig, KVCache, build_model
+from nanochat.gpt import GPTConfig, build_model
 from scripts import bench, hc_report
 from scripts import report as report_cli
 from test_gpt import randomize
+from wiring_checks import assert_decode_matches, prenorm_logits
 
 NAMES = list(connections.VARIANTS)
 SIZES = dict(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=64)
@@ -90,22 +91,6 @@ def test_spec_describes_the_model_it_builds(name):
     assert has_h_res == spec.has_h_res
 
 
-def prenorm_logits(model, idx):
-    """The plain pre-norm residual over the model's own sub-layers, transcribed: x = x0, then
-    x + F(x) per sub-layer, the head on norm(x)."""
-    def plain(x0, branches):
-        x = x0
-        for branch in branches:
-            x = x + branch(x)
-        return x
-
-    real, model.connections.forward = model.connections.forward, plain
-    try:
-        return model(idx)
-    finally:
-        model.connections.forward = real
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_equals_prenorm_at_init_exactly_when_its_spec_says_so(name):
     """Shared weights moved off their init (zero output projections would make every wiring
@@ -123,12 +108,8 @@ def test_equals_prenorm_at_init_exactly_when_its_spec_says_so(name):
 # ----- what a user runs -----
 
 def kv_decode_matches(model):
-    idx = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache(2, model.config.n_layer, model.config.n_kv_head, model.head_dim, 12, "cpu", torch.float32)
-        steps = [model(idx[:, :5], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache) for t in range(5, 12)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_decode_matches(model, torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3)),
+                          prefix=5)
 
 
 def check_checkpoint_report(run_dir, model, capsys):

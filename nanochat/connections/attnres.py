@@ -46,7 +46,7 @@ from torch import nn
 
 from nanochat.connections.diagnostics import config_params, record_reads
 from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import nonneg_int
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size
@@ -162,22 +162,14 @@ class FinalRead(DepthRead):
 
 
 def resolve(cfg):
-    if cfg.hc_streams not in (0, 1):
-        raise ValueError(f"hc='attnres' has no streams (it reads block states); got hc_streams={cfg.hc_streams}. "
-                         "Drop --hc-streams; --attnres-block-size sets its blocks")
-    cfg.hc_streams = 1
+    resolve_one_state(cfg, "has no streams (it reads block states)", "; --attnres-block-size sets its blocks",
+                      ": its reads keep no activations beyond the block states themselves")
     S = cfg.attnres_block_size
     if isinstance(S, bool) or not isinstance(S, int) or S < 0:
         raise ValueError(f"attnres_block_size={S!r} must be a whole number of modules >= 1 (1: Full Attention "
                          f"Residuals), or 0 for about {BLOCKS} blocks")
     if S == 0:
         cfg.attnres_block_size = default_block_size(2 * cfg.n_layer)
-    if cfg.hc_recompute:
-        raise ValueError("hc_recompute does not apply to hc='attnres': its reads keep no activations beyond the "
-                         "block states themselves; drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='attnres' (Liger's are made for HC streams); "
-                         "use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

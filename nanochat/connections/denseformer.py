@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from nanochat.connections.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import BlockLevelLayer
+from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
 from nanochat.flags import positive_int
 
 FIELDS = {"dwa_dilation": 1, "dwa_period": 1}
@@ -84,20 +84,12 @@ class DWALayer(BlockLevelLayer):
 
 
 def resolve(cfg):
-    if cfg.hc_streams not in (0, 1):
-        raise ValueError(f"hc='denseformer' has one state (it averages block outputs); got hc_streams="
-                         f"{cfg.hc_streams}. Drop --hc-streams; --dwa-dilation and --dwa-period shape it")
-    cfg.hc_streams = 1
+    resolve_one_state(cfg, "has one state (it averages block outputs)", "; --dwa-dilation and --dwa-period shape it",
+                      ": an average keeps nothing beyond the block outputs themselves")
     for name in FIELDS:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a whole number >= 1 (1: every block output / every block)")
-    if cfg.hc_recompute:
-        raise ValueError("hc_recompute does not apply to hc='denseformer': an average keeps nothing beyond the block "
-                         "outputs themselves; drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='denseformer' (Liger's are made for HC streams); "
-                         "use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

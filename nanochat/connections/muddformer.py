@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.trunk import BlockLevelLayer
+from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
 
 WAYS = 4  # Q, K, V, R
 LAST_EXPAND = 4  # the reference's expand_last: a 4x wider MLP after the last block
@@ -153,17 +153,9 @@ def mudd_params(cfg):
 
 
 def resolve(cfg):
-    if cfg.hc_streams not in (0, 1):
-        raise ValueError(f"hc='muddformer' has one state (its Q, K, V states are rebuilt after every block); got "
-                         f"hc_streams={cfg.hc_streams}. Drop --hc-streams")
-    cfg.hc_streams = 1
+    resolve_one_state(cfg, "has one state (its Q, K, V states are rebuilt after every block)")
     if not isinstance(cfg.mudd_prepost_norm, bool):
         raise ValueError(f"mudd_prepost_norm={cfg.mudd_prepost_norm!r} must be true or false")
-    if cfg.hc_recompute:
-        raise ValueError("hc_recompute does not apply to hc='muddformer'; drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='muddformer' (Liger's are made for HC streams); "
-                         "use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):
