@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from nanochat import connections
 from nanochat.connections.birkhoff import kron_factors, sinkhorn_log
 
-HC_VARIANTS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc")
+# The HC family's variants whose math this file transcribes (reference_h_res): every one the
+# registry counts in the family (a new one fails here until its reference is written).
+HC_VARIANTS = tuple(name for name in connections.VARIANTS if connections.hc_family(name))
 STREAMS = (2, 3, 4, 6, 8)
 MHC_LITE_MAX_TESTED = 5  # 6 works too (720 logits) but is slow to test
 # (variant, n, factors) for every layer kind under test; factors only for kromhc.
@@ -31,10 +33,10 @@ def case_id(case):
 
 
 def hc_config(variant, n, C=8, n_layer=2, factors=None, **kw):
-    cfg = SimpleNamespace(hc=variant, hc_streams=n, hc_factors=list(factors or []), hc_alpha_shared=True,
+    own = {name: default for name, (default, *_) in connections.variant_fields().items()}
+    cfg = SimpleNamespace(**{**own, "hc_factors": list(factors or [])}, hc=variant, hc_streams=n,
                           hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch",
-                          hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current", hc_go_s=2,
-                          attnres_block_size=0,
+                          hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current",
                           n_layer=n_layer, n_embd=C)
     for key, value in kw.items():
         setattr(cfg, "hc_" + key, value)
