@@ -10,13 +10,14 @@ fp64 throughout: no fp32 constant rounds its state."""
 import pytest
 import torch
 
+from nanochat.connections import VARIANTS
 from nanochat.gpt import GPTConfig, build_model, norm
 
 VOCAB = 300
-CASES = [dict(hc="residual"), dict(hc="residual", value_embeds=False), dict(hc="hc"), dict(hc="hc_identity"),
-         dict(hc="mhc"), dict(hc="mhc_lite"), dict(hc="kromhc"), dict(hc="kromhc", hc_recompute=True),
-         dict(hc="go_mhc"), dict(hc="frac"), dict(hc="attnres"), dict(hc="kromhc", hc_pre="delayed"),
-         dict(hc="mhc", hc_reduce="learned"), dict(hc="mhc_lite", hc_expand="lss")]
+# Every registered variant as configured by default, and the options that change the state.
+CASES = [dict(hc=name) for name in VARIANTS] + [
+    dict(hc="residual", value_embeds=False), dict(hc="kromhc", hc_recompute=True), dict(hc="kromhc", hc_pre="delayed"),
+    dict(hc="mhc", hc_reduce="learned"), dict(hc="mhc_lite", hc_expand="lss")]
 
 
 def case_id(case):
