@@ -59,6 +59,13 @@ class GPTConfig:
     # Fields of one variant each (connections/go_mhc.py, attnres.py).
     hc_go_s: int = 2  # go_mhc's block size s
     attnres_block_size: int = 0  # attnres: modules per block (0: about 8 blocks)
+    laurel_form: str = "rw_lr"  # laurel: rw | lr | rw_lr
+    laurel_rank: int = 16  # laurel: rank r of the low-rank term (lr, rw_lr)
+    cmhc_beta: float = 4.0  # cmhc: leak beta, gamma = beta / (2 * n_layer)
+    gated_rank: int = 0  # gated: rank of the read gate's bottleneck (0: n_embd / 8)
+    mhar_heads: int = 0  # mhar: heads of the depth read (0: n_kv_head)
+    dar_source: str = "full"  # dar: full | block
+    dar_gate: str = "zero"  # dar: zero | none | sigmoid_scalar | sigmoid_vector
     # Attention kernel: "flex" (FlexAttention, block-sparse sliding windows), "sdpa"
     # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
     # sdpa elsewhere). Checkpoints written before the field existed load as "auto".

@@ -70,7 +70,8 @@ FLAGS = [
     ("attention", choice("auto", "flex", "sdpa"), "auto",
      "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | auto (flex on CUDA, sdpa elsewhere)"),
     # connections
-    ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc | go_mhc | frac | attnres "
+    ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc | go_mhc | frac | attnres | "
+                            "prenorm | laurel | cmhc | gated | mhar | dar "
                             "(attnres: Block Attention Residuals, a baseline beside the HC family)"),
     ("hc_streams", nonneg_int(), 0, "number of streams n (frac: fractions m of the hidden state, which must divide "
                                     "its width; 0: the variant's default, 4 for HC variants and frac)"),
@@ -83,6 +84,20 @@ FLAGS = [
     ("attnres_block_size", nonneg_int({0: "about 8 blocks"}), 0,
      "attnres: sub-layer modules per block (attention and MLP each count; 1 = Full Attention Residuals; "
      "0 = ceil(2 * depth / 8), the paper's ~8 blocks: 3 at depth 12)"),
+    ("laurel_form", choice("rw", "lr", "rw_lr"), "rw_lr",
+     "laurel: rw (learned weights on branch and residual) | lr (a low-rank term on the residual) | rw_lr (both)"),
+    ("laurel_rank", positive_int(), 16, "laurel: rank r of the low-rank term of the lr and rw_lr forms"),
+    ("cmhc_beta", nonneg_float(), 4.0, "cmhc: leak beta of the circulant H_res, gamma = beta / (2 * depth) "
+                                       "(at most 1); the source's runs used 4"),
+    ("gated_rank", nonneg_int({0: "n_embd / 8"}), 0, "gated: rank of the read gate's bottleneck (0: n_embd / 8, "
+                                                      "the released model's 320 at 2560)"),
+    ("mhar_heads", nonneg_int({0: "n_kv_head"}), 0, "mhar: heads of the depth read, dividing n_embd "
+                                                    "(0: n_kv_head, the paper's recommendation)"),
+    ("dar_source", choice("full", "block"), "full", "dar: sources of the read, full (every sub-layer's output) "
+                                                    "| block (one delta per transformer block)"),
+    ("dar_gate", choice("zero", "none", "sigmoid_scalar", "sigmoid_vector"), "zero",
+     "dar: gate on the read, zero (a learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar | "
+     "sigmoid_vector"),
     ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it; frac: of its "
                                     "per-fraction norm; attnres: the key-norm gains)"),
     ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "

@@ -16,7 +16,7 @@ from nanochat.gpt import GPTConfig, StaticKVCache, build_model
 from test_core_eval import REAL_BUNDLE, ByteTokenizer, needs_real_bundle
 
 VOCAB = 64
-STREAMLESS = ("residual", "attnres")
+STREAMLESS = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")
 # Every variant with its defaults, then every HC option (delayed pre-weights, DeepSeek-V4's
 # learned head, Learned Stream Scaling) on an HC variant of its own.
 CASES = [(v, {}) for v in VARIANTS] + [
