@@ -21,11 +21,11 @@ from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
 OPTION_LABELS = {"hc_expand": {"lss": "LSS"}, "hc_reduce": {"learned": "learned head"},
                  "hc_pre": {"delayed": "delayed pre"}}
 # Variants from the work after the paper; their runs, like the options', go to "Beyond the paper".
-BEYOND_PAPER_VARIANTS = ("go_mhc", "frac", "attnres")
+BEYOND_PAPER_VARIANTS = ("go_mhc", "frac", "attnres", "prenorm", "laurel", "cmhc", "gated", "mhar", "dar")
 # Single-state variants: n = 1 whatever a config says, no stream measures.
-SINGLE_STATE = ("residual", "attnres")
+SINGLE_STATE = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")
 # Variants without H_res (a baseline beside the HC family): no doubly-stochastic measures.
-NO_H_RES = ("attnres",)
+NO_H_RES = ("attnres", "prenorm", "laurel", "gated", "mhar", "dar")
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "core.json", "hc_stats.json", "failed.json",
              "lm_eval.json")
 # Settings in which runs of one row may differ: their seeds, their names, and what never
