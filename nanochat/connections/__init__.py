@@ -28,7 +28,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import attnres, cmhc, frac, gated, go_mhc, hc, kromhc, laurel, mhc, mhc_lite, ops, prenorm, residual, trunk
+from nanochat.connections import (attnres, cmhc, frac, gated, go_mhc, hc, kromhc, laurel, mhar, mhc, mhc_lite,
+                                  ops, prenorm, residual, trunk)
 from nanochat.connections.diagnostics import record_state
 
 # name -> module exposing `resolve(cfg)`, `make_layers(cfg)` and the optional hooks above.
@@ -46,6 +47,7 @@ VARIANTS = {
     "laurel": laurel,
     "cmhc": cmhc,
     "gated": gated,
+    "mhar": mhar,
 }
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
