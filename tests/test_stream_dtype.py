@@ -16,7 +16,8 @@ CASES = [dict(hc="residual"), dict(hc="residual", value_embeds=False), dict(hc="
          dict(hc="mhc"), dict(hc="mhc_lite"), dict(hc="kromhc"), dict(hc="kromhc", hc_recompute=True),
          dict(hc="go_mhc"), dict(hc="frac"), dict(hc="attnres"), dict(hc="kromhc", hc_pre="delayed"),
          dict(hc="mhc", hc_reduce="learned"), dict(hc="mhc_lite", hc_expand="lss"), dict(hc="prenorm"),
-         dict(hc="laurel"), dict(hc="laurel", laurel_form="rw"), dict(hc="cmhc"), dict(hc="gated"), dict(hc="mhar")]
+         dict(hc="laurel"), dict(hc="laurel", laurel_form="rw"), dict(hc="cmhc"), dict(hc="gated"), dict(hc="mhar"),
+         dict(hc="dar"), dict(hc="dar", dar_source="block", dar_gate="sigmoid_vector")]
 
 
 def case_id(case):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, cmhc, frac, gated, go_mhc, hc, kromhc, laurel, mhar, mhc, mhc_lite,
+from nanochat.connections import (attnres, cmhc, dar, frac, gated, go_mhc, hc, kromhc, laurel, mhar, mhc, mhc_lite,
                                   ops, prenorm, residual, trunk)
 from nanochat.connections.diagnostics import record_state
 
@@ -48,6 +48,7 @@ VARIANTS = {
     "cmhc": cmhc,
     "gated": gated,
     "mhar": mhar,
+    "dar": dar,
 }
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
