@@ -31,11 +31,13 @@ def case_id(case):
 
 
 def hc_config(variant, n, C=8, n_layer=2, factors=None, **kw):
-    cfg = SimpleNamespace(hc=variant, hc_streams=n, hc_factors=list(factors or []), hc_alpha_shared=True,
-                          hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch",
-                          hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current", hc_go_s=2,
-                          attnres_block_size=0,
-                          n_layer=n_layer, n_embd=C)
+    # every variant's own fields at their defaults (each refuses another variant's changed)
+    own = {field: default for module in connections.VARIANTS.values() for field, default in
+           getattr(module, "FIELDS", {}).items()}
+    cfg = SimpleNamespace(**own | dict(hc=variant, hc_streams=n, hc_factors=list(factors or []), hc_alpha_shared=True,
+                                       hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch",
+                                       hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current",
+                                       n_layer=n_layer, n_embd=C))
     for key, value in kw.items():
         setattr(cfg, "hc_" + key, value)
     return cfg
