@@ -83,7 +83,7 @@ from nanochat.gpt import GPTConfig, build_model
 from scripts import bench_infer
 
 VARIANTS = tuple(connections.VARIANTS)
-STREAMLESS = ("residual", "attnres")  # one state of C: no --streams, no recompute
+STREAMLESS = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")  # one state of C: no --streams, no recompute
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 INFER_BENCHES = ("infer", "prefill", "decode")
 
