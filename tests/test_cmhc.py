@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
-                          assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
+from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
+                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
                           base, random_branches, tiny, tiny_config, with_prenorm_body, tokens)  # noqa: F401
 
 
@@ -94,6 +95,7 @@ def test_pre_norm_at_init_with_phi_zero_and_close_with_the_sources_phi():
 
 def test_causal_gradients_gradcheck_and_parameter_count():
     assert_causal(tiny("cmhc", cmhc_beta=1.0))
+    assert_diagnostics(tiny("cmhc", cmhc_beta=1.0))
     assert_every_connection_parameter_gets_a_gradient(tiny("cmhc", cmhc_beta=1.0))
     assert_gradcheck("cmhc", hc_streams=3, cmhc_beta=1.0)
     assert_params_match_spec("cmhc")
@@ -108,13 +110,20 @@ def test_parameter_count_is_the_sources():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(cmhc_beta=-1.0), "cmhc_beta=-1.0 must be a number from 0 to 2 \\* n_layer = 4"),
-    (dict(cmhc_beta=5.0), "from 0 to 2 \\* n_layer = 4"),
+    (dict(cmhc_beta=-1.0), "cmhc_beta=-1.0 must be a finite number >= 0"),
+    (dict(cmhc_beta=float("inf")), "cmhc_beta=inf must be a finite number >= 0"),
+    (dict(cmhc_beta=float("nan")), "must be a finite number"),
     (dict(hc_streams=1), "needs hc_streams >= 2"),
 ])
 def test_bad_configurations_are_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_config("cmhc", **overrides)
+
+
+@pytest.mark.parametrize("beta, n_layer, gamma", [(4.0, 12, 1 / 6), (1.0, 2, 1 / 4), (0.0, 2, 0.0), (4.0, 1, 1.0)])
+def test_the_leak_is_beta_over_the_sub_layers_at_most_one(beta, n_layer, gamma):
+    conn = connections.build(tiny_config("cmhc", n_layer=n_layer, n_embd=8, cmhc_beta=beta))
+    assert [layer.gamma for layer in conn.layers] == pytest.approx([gamma] * 2 * n_layer)
 
 
 def test_its_field_belongs_to_it():
@@ -124,5 +133,5 @@ def test_its_field_belongs_to_it():
 
 @pytest.mark.slow
 def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "cmhc", "--cmhc-beta", "9"), ("error:", "cmhc_beta=9.0 must be"))
+    assert_train_flag_error(base, ("--hc", "cmhc", "--cmhc-beta", "inf"), ("error:", "--cmhc-beta"))
     assert_resumes_bitwise(base, "--hc", "cmhc")

@@ -6,7 +6,9 @@ stochastic from one softmax.
 In the HC frame, X_next = H_res @ X + H_post^T F(H_pre @ X), with
     H_res = sum_k c_k Pi^k,   c = (1 - gamma) e_0 + gamma softmax(z),   gamma = beta / (2 L)
 Pi the cyclic shift (stream t receives stream t - 1 mod n), L = n_layer (2L sub-layers),
-beta = `cmhc_beta` (the source's runs: 4, gamma = 1/6 at 12 layers). A convex combination of
+beta = `cmhc_beta` (the source's runs: 4, gamma = 1/6 at 12 layers). [ours] gamma is capped
+at 1 (no identity term left) for models shallower than beta / 2 layers, where beta / (2L)
+would not be a weight. A convex combination of
 permutations is doubly stochastic; the leak keeps H_res at least 1 - gamma on the diagonal,
 so products over depth do not collapse to the mean as Sinkhorn products can.
 Coefficients (the source's map): v = vec(X), h = alpha * (v / rms(v)) phi + b with
@@ -34,7 +36,7 @@ from nanochat.connections.hc import HyperConnection, layer_options, resolve_stre
 
 PHI_STD = 0.02  # times 1 / sqrt(nC): the source's init of phi
 FIELDS = {"cmhc_beta": 4.0}
-FIELD_HELP = {"cmhc_beta": "leak beta of H_res, gamma = beta / (2 * n_layer), 0 .. 2 * n_layer (0: H_res = I); "
+FIELD_HELP = {"cmhc_beta": "leak beta >= 0 of H_res, gamma = min(1, beta / (2 * n_layer)) (0: H_res = I); "
                            "the source's runs: 4"}
 
 
@@ -87,12 +89,12 @@ class CirculantLayer(HyperConnection):
 
 def resolve(cfg):
     resolve_streams(cfg)
-    beta, sub_layers = cfg.cmhc_beta, 2 * cfg.n_layer
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= sub_layers:
-        raise ValueError(f"cmhc_beta={beta!r} must be a number from 0 to 2 * n_layer = {sub_layers} (the leak "
-                         f"gamma = beta / {sub_layers} is a weight); the source's runs used 4")
+    beta = cfg.cmhc_beta
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < math.inf:
+        raise ValueError(f"cmhc_beta={beta!r} must be a finite number >= 0 (the leak gamma = min(1, beta / "
+                         f"(2 * n_layer))); the source's runs used 4")
 
 
 def make_layers(cfg):
-    gamma = cfg.cmhc_beta / (2 * cfg.n_layer)
+    gamma = min(1.0, cfg.cmhc_beta / (2 * cfg.n_layer))
     return [CirculantLayer(j, cfg.hc_streams, cfg.n_embd, gamma, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]
