@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
-                          assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
+from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
+                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
                           base, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
 
 SOURCES = ("full", "block")
@@ -42,7 +43,8 @@ def reference_trunk(conn, x0, branches, source, gate):
         if source == "full":
             V = [x0, *outputs]
         else:
-            V = [x0] + [b - a for a, b in zip(block_starts, block_starts[1:])] + ([h - block_starts[-1]] if l % 2 else [])
+            deltas = [b - a for a, b in zip(block_starts, block_starts[1:])]
+            V = [x0, *deltas] + ([h - block_starts[-1]] if l % 2 else [])
         S = torch.stack(V)
         K = S / S.pow(2).mean(-1, keepdim=True).sqrt() * layer.read.gain
         r = (torch.softmax((K * layer.read.query).sum(-1), dim=0)[..., None] * S).sum(0)
@@ -76,6 +78,7 @@ def test_matches_the_papers_update(source, gate):
 def test_causal_gradients_gradcheck_and_parameter_count(source, gate):
     fields = dict(dar_source=source, dar_gate=gate)
     assert_causal(tiny("dar", **fields))
+    assert_diagnostics(tiny("dar", **fields))
     assert_every_connection_parameter_gets_a_gradient(tiny("dar", **fields), without=FIRST_READ)
     assert_gradcheck("dar", n_layer=2, **fields)
     assert_params_match_spec("dar", **fields)

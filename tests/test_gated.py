@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
-                          assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config)  # noqa: F401 (a fixture)
+from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
+                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
+                          base, random_branches, tiny, tiny_config)  # noqa: F401
 
 
 def moved_trunk(n=3, C=8, rank=2, norm_weight=True):
@@ -64,6 +65,7 @@ def test_init_gates_are_one_half_and_one():
 def test_equals_prenorm_at_init_and_is_causal(fields):
     assert_equals_prenorm_at_init("gated", **fields)
     assert_causal(tiny("gated", **fields))
+    assert_diagnostics(tiny("gated", **fields))
 
 
 def test_gradients_gradcheck_and_parameter_count():

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
-                          assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config)  # noqa: F401 (a fixture)
+from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
+                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
+                          base, random_branches, tiny, tiny_config)  # noqa: F401
 
 FORMS = ("rw", "lr", "rw_lr")
 
@@ -60,6 +61,7 @@ def test_the_low_rank_init_is_column_orthogonal():
 @pytest.mark.parametrize("form", FORMS)
 def test_causal_gradients_gradcheck_and_parameter_count(form):
     assert_causal(tiny("laurel", **fields(form)))
+    assert_diagnostics(tiny("laurel", **fields(form)))
     assert_every_connection_parameter_gets_a_gradient(tiny("laurel", **fields(form)))
     assert_gradcheck("laurel", **fields(form, rank=2))
     assert_params_match_spec("laurel", **fields(form))

@@ -1,16 +1,17 @@
 """Multi-head attention residuals: one head is attnres in its per-sub-layer form (block size
 1), to the bit; pre-norm at init through the norms; H heads equal the paper's per-head read
-written out (full-width RMS norm, then the heads' slices); causal; every parameter but the first read's gets a gradient; fp64
-gradcheck; the parameter count; configuration errors. Decoding and the HF export:
-test_engine.py, test_hf_export.py."""
+written out (full-width RMS norm, then the heads' slices); causal; every parameter but the
+first read's gets a gradient; fp64 gradcheck; the parameter count; configuration errors.
+Decoding and the HF export: test_engine.py, test_hf_export.py."""
 
 import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
-                          assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error, base,
-                          random_branches, tiny, tiny_config, tokens)  # noqa: F401 (a fixture)
+from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
+                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
+                          base, random_branches, tiny, tiny_config, tokens)  # noqa: F401
 from test_gpt import randomize
 
 FIRST_READ = ("layers.0.read.query", "layers.0.read.gain")  # a softmax over x0 alone: no gradient
@@ -72,6 +73,7 @@ def test_zero_queries_read_the_mean():
 
 def test_causal_gradients_gradcheck_and_parameter_count():
     assert_causal(tiny("mhar"))
+    assert_diagnostics(tiny("mhar"))
     assert_every_connection_parameter_gets_a_gradient(tiny("mhar"), without=FIRST_READ)
     assert_gradcheck("mhar", n_layer=1, mhar_heads=2)
     assert_params_match_spec("mhar")

@@ -10,6 +10,7 @@ import torch
 from torch.func import functional_call
 
 from nanochat import connections
+from nanochat.connections.diagnostics import collect_hc_stats
 from nanochat.gpt import GPTConfig, build_model
 from test_cli_errors import TRAIN, assert_one_error, run_cli
 from test_gpt import randomize
@@ -105,6 +106,12 @@ def assert_gradcheck(hc, n_layer=1, n_embd=8, **fields):
     assert torch.autograd.gradcheck(trunk, (x0, *params))
 
 
+def assert_diagnostics(model):
+    """The training-time diagnostics capture every layer of the model."""
+    stats = collect_hc_stats(model, tokens())
+    assert stats["variant"] == model.config.hc and len(stats["layers"]) == 2 * model.config.n_layer
+
+
 def assert_params_match_spec(hc, **fields):
     model = tiny(hc, **fields)
     spec = connections.VARIANTS[hc].SPEC
@@ -139,6 +146,7 @@ def test_prenorm_has_no_parameters_and_is_causal():
     assert_params_match_spec("prenorm")
     assert not list(model.connections.parameters())
     assert_causal(model)
+    assert_diagnostics(model)
 
 
 def test_prenorm_differs_from_the_residual_row_only_by_its_scalars():

@@ -18,8 +18,8 @@ or of one per channel, from 0: g = 1/2 at init [ours; the released code states n
 Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The model's output is
 h itself (no final read). The sources sum to h, so that mean is h / N, and with the
 sub-layers' own weightless RMSNorm every gate form starts as pre-norm in this frame, to the
-norm's epsilon (the factory reports and tests that only for the zero gate). The first sub-layer reads x0 alone: its query and gain get no
-gradient (a softmax over one logit).
+norm's epsilon (hyper-connection-factory asserts it for the zero gate only). The first
+sub-layer reads x0 alone: its query and gain get no gradient (a softmax over one logit).
 
 Parameters: 2C per sub-layer (query and key gain, `hc_norm_weight` false drops the gain),
 plus 1 (zero, sigmoid_scalar) or C (sigmoid_vector) for the gate: 114,688 + gates at 28

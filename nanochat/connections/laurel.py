@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from nanochat.connections import prenorm
+from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.ops import coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer
 
@@ -61,6 +62,7 @@ SPEC = dict(
 class LaurelLayer(ConnectionLayer):
     def __init__(self, form, rank, C):
         super().__init__()
+        self.capture = None  # a dict while StreamConnections.capture() is active
         self.w = nn.Parameter(torch.empty(2)) if "rw" in form else None
         self.A = nn.Parameter(torch.empty(C, rank)) if "lr" in form else None
         self.B = nn.Parameter(torch.empty(C, rank)) if "lr" in form else None  # B^T
@@ -80,7 +82,19 @@ class LaurelLayer(ConnectionLayer):
         """(alpha, beta) = 2 softmax(w), 0-dim each."""
         return (2 * torch.softmax(self.w.to(dtype), dim=0)).unbind()
 
+    def coefficients(self, X):
+        """n = 1, fp32: h_pre = 1, h_post = alpha, h_res = beta (1 without RW); the low-rank
+        term is not a stream mix and is not represented."""
+        ones = torch.ones(*X.shape[:-2], 1, device=X.device, dtype=torch.float32)
+        if self.w is None:
+            return ones, ones, ones.unsqueeze(-1)
+        with no_autocast(X):
+            alpha, beta = self.weights(torch.float32)
+        return ones, ones * alpha, (ones * beta).unsqueeze(-1)
+
     def step(self, X, branch, x0, carry):
+        if self.capture is not None:
+            record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
         y = branch(x)
         g = x if self.A is None else x + (x @ self.A.to(x.dtype)) @ self.B.to(x.dtype).t()

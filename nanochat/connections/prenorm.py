@@ -9,6 +9,9 @@ trunk's sum (a squeeze). No parameters. The single-state check here is shared by
 wirings that keep one (B, T, C) state.
 """
 
+import torch
+
+from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.trunk import ConnectionLayer
 
 OWN_STATE = "a single stream"  # not the HC family's n streams: the HC options do not apply
@@ -25,12 +28,23 @@ SPEC = dict(
 
 
 class PreNormLayer(ConnectionLayer):
+    def __init__(self):
+        super().__init__()
+        self.capture = None  # a dict while StreamConnections.capture() is active
+
     def step(self, X, branch, x0, carry):
+        if self.capture is not None:
+            record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
         return (x + branch(x)).unsqueeze(-2), carry
 
     def init_weights(self):
         pass
+
+    def coefficients(self, X):
+        """n = 1: h_pre = h_post = h_res = 1, fp32."""
+        ones = torch.ones(*X.shape[:-2], 1, device=X.device, dtype=torch.float32)
+        return ones, ones, ones.unsqueeze(-1)
 
 
 def resolve_single_state(cfg, own_flags=""):
