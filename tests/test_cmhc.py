@@ -45,7 +45,7 @@ def test_h_res_is_exactly_doubly_stochastic(n):
 
 
 def test_matches_the_sources_map():
-    """X' = H_res X + H_post^T F(H_pre X) with h = alpha (phi v) / r + b, r = |v| / sqrt(nC),
+    """X' = H_res X + H_post^T F(H_pre X) with h = a (phi v) / r + b, r = |v| / sqrt(nC),
     H_pre = sigmoid, H_post = 2 sigmoid, c = (1 - gamma) e_0 + gamma softmax(z) and
     H_res = sum_k c_k Pi^k, written from the manuscript (Pi: stream t receives t - 1)."""
     n, C = 4, 8
@@ -54,7 +54,7 @@ def test_matches_the_sources_map():
     f = random_branches(1, C)[0]
     v = X.flatten(-2)
     r = v.norm(dim=-1, keepdim=True) / math.sqrt(n * C)
-    h = layer.alpha * (v @ layer.weight) / r + layer.bias
+    h = layer.alpha.repeat_interleave(n) * (v @ layer.weight) / r + layer.bias  # a_pre, a_post, a_res
     H_pre, H_post = torch.sigmoid(h[..., :n]), 2 * torch.sigmoid(h[..., n:2 * n])
     gamma = 1.0 / 4  # beta / (2 L) with beta = 1, L = 2
     c = gamma * torch.softmax(h[..., 2 * n:], dim=-1)
@@ -68,7 +68,7 @@ def test_matches_the_sources_map():
 def test_init_is_the_sources():
     n, C = 4, 8
     layer = layers(n=n, C=C)[0]
-    assert layer.alpha.tolist() == [pytest.approx(0.01)]
+    assert layer.alpha.tolist() == pytest.approx([0.01] * 3)
     assert abs(layer.weight.std().item() - 0.02 / math.sqrt(n * C)) < 0.2 * 0.02 / math.sqrt(n * C)
     with torch.no_grad():
         layer.weight.zero_()
@@ -103,9 +103,10 @@ def test_causal_gradients_gradcheck_and_parameter_count():
 
 
 def test_parameter_count_is_the_sources():
-    """The manuscript: nC * 3n + 3n + 1 per sub-layer, 36,877 at n = 4, C = 768 (no norm weight)."""
+    """The manuscript: nC * 3n + 3n + 1 per sub-layer, 36,877 at n = 4, C = 768 (no norm weight);
+    ours has the family's three alphas where the source has one: 2 more."""
     layer = connections.build(tiny_config("cmhc", hc_streams=4, hc_norm_weight=False)).layers[0]
-    assert connections.VARIANTS["cmhc"].layer_params(4, 768, norm_weight=False) == 36_877
+    assert connections.VARIANTS["cmhc"].layer_params(4, 768, norm_weight=False) == 36_877 + 2
     assert sum(p.numel() for p in layer.parameters()) == connections.VARIANTS["cmhc"].layer_params(4, 32, False)
 
 

@@ -11,20 +11,24 @@ at 1 (no identity term left) for models shallower than beta / 2 layers, where be
 would not be a weight. A convex combination of
 permutations is doubly stochastic; the leak keeps H_res at least 1 - gamma on the diagonal,
 so products over depth do not collapse to the mean as Sinkhorn products can.
-Coefficients (the source's map): v = vec(X), h = alpha * (v / rms(v)) phi + b with
-phi (nC, 3n) and ONE scalar alpha for all 3n columns; H_pre = sigmoid, H_post = 2 sigmoid,
-z the res slice. The projection, the mixes and the HC options come from hc.HyperConnection.
+Coefficients (the source's map, in hc.HyperConnection): v = vec(X), h = a * (v / rms(v)) phi
++ b with phi (nC, 3n); H_pre = sigmoid, H_post = 2 sigmoid, z the res slice. The projection,
+the mixes and the HC options come from hc.HyperConnection.
 
-Init (the source's): alpha = 0.01, phi ~ N(0, (0.02 / sqrt(nC))^2), b_pre = log(1/(n - 1))
+Init (the source's): a = 0.01, phi ~ N(0, (0.02 / sqrt(nC))^2), b_pre = log(1/(n - 1))
 (H_pre = 1/n: the mean of the streams), b_post = 0 (H_post = 1), b_res = 0 (H_res =
 (1 - gamma) I + (gamma / n) 11^T). With identical streams any doubly stochastic H_res keeps
 them identical, so the model is close to pre-norm at init but not equal: phi is random.
 Exactness: H_res[t, s] = c[(t - s) mod n] is gathered, not multiplied out (a matmul with
 TF32 would round c), so every row and column holds the n numbers of c.
-Our choices: the source's RMSNorm has no weight; here `hc_norm_weight` adds one like every
-HC variant's (false gives the source's count, nC * 3n + 3n + 1 per sub-layer: 36,877 at
-n = 4, C = 768); the source reduces by the mean of the streams, the trunk by the sum (the
-model's final RMSNorm makes them equal but for its epsilon); coefficients in fp32.
+Our choices, where the family's frame differs from the source (so that C-mHC differs from
+mHC and KromHC in H_res and its init only): the source scales all 3n columns by one alpha,
+here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer; one
+alpha's gradient sums the three groups' and cancels); the source's RMSNorm has no weight,
+`hc_norm_weight` adds one like every HC variant's. With `hc_norm_weight` false the count is
+the source's nC * 3n + 3n + 1 per sub-layer plus 2: 36,879 at n = 4, C = 768 (the source's
+36,877). The source reduces by the mean of the streams, the trunk by the sum (the model's
+final RMSNorm makes them equal but for its epsilon). Coefficients in fp32.
 """
 
 import math
@@ -41,7 +45,8 @@ FIELD_HELP = {"cmhc_beta": "leak beta >= 0 of H_res, gamma = min(1, beta / (2 * 
 
 
 def layer_params(n, C, norm_weight=True):
-    return n * C * 3 * n + 3 * n + 1 + (n * C if norm_weight else 0)
+    """phi, b, the three alphas and the norm weight: the source's nC * 3n + 3n + 1, plus 2 and nC."""
+    return n * C * 3 * n + 3 * n + 3 + (n * C if norm_weight else 0)
 
 
 SPEC = dict(
@@ -60,7 +65,6 @@ class CirculantLayer(HyperConnection):
     def __init__(self, layer_index, n, C, gamma, **kw):
         super().__init__(layer_index, n, C, res_groups=(n,), **kw)
         self.gamma = gamma
-        self.alpha = nn.Parameter(torch.empty(1))  # one alpha for pre, post and res (the source's)
 
     @torch.no_grad()
     def init_weights(self):
@@ -72,9 +76,6 @@ class CirculantLayer(HyperConnection):
 
     def res_bias_init(self):
         return torch.zeros(self.n)
-
-    def logits_from(self, xw):
-        return torch.addcmul(self.bias, xw, self.alpha)
 
     def shift_weights(self, res_logits):
         """c = (1 - gamma) e_0 + gamma softmax(z): the weight of Pi^k, (..., n)."""
