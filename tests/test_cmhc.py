@@ -13,21 +13,13 @@ from nanochat import connections
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config, with_prenorm_body, tokens)  # noqa: F401
+                          base, moved, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
 
 
 def layers(n=4, C=8, n_layer=2, beta=1.0, **fields):
     conn = connections.build(tiny_config("cmhc", n_layer=n_layer, n_embd=C, hc_streams=n, cmhc_beta=beta, **fields))
     conn.init_weights()
     return conn.layers
-
-
-def moved(layer, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return layer
 
 
 @pytest.mark.parametrize("n", (2, 3, 4, 5))

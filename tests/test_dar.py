@@ -10,7 +10,7 @@ from nanochat import connections
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
+                          base, fp64_trunk, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
 
 SOURCES = ("full", "block")
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
@@ -62,13 +62,7 @@ def reference_trunk(conn, x0, branches, source, gate):
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("source", SOURCES)
 def test_matches_the_papers_update(source, gate):
-    conn = connections.build(tiny_config("dar", n_layer=3, dar_source=source, dar_gate=gate)).double()
-    conn.init_weights()
-    g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    x0 = torch.randn(2, 3, 32, generator=g, dtype=torch.float64)
+    conn, x0 = fp64_trunk("dar", seed=9, n_layer=3, dar_source=source, dar_gate=gate)
     branches = random_branches(6, 32)
     torch.testing.assert_close(conn(x0, branches), reference_trunk(conn, x0, branches, source, gate),
                                atol=1e-6, rtol=1e-6)  # our norm's epsilon

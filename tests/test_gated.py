@@ -13,18 +13,7 @@ from nanochat import connections
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config)  # noqa: F401
-
-
-def moved_trunk(n=3, C=8, rank=2, norm_weight=True):
-    conn = connections.build(tiny_config("gated", n_embd=C, hc_streams=n, gated_rank=rank,
-                                         hc_norm_weight=norm_weight)).double()
-    conn.init_weights()
-    g = torch.Generator().manual_seed(6)
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return conn
+                          base, fp64_trunk, random_branches, tiny, tiny_config)  # noqa: F401
 
 
 def reference_read(read, X):
@@ -38,10 +27,9 @@ def reference_read(read, X):
 
 def test_matches_the_releases_update():
     """Every sub-layer: X_j + w_j F(u), w = 2 sigmoid(W_inj vec(xhat) / n); then the mixer's u."""
-    conn = moved_trunk()
-    X0 = torch.randn(2, 4, 8, dtype=torch.float64)
+    conn, X0 = fp64_trunk("gated", seed=6, n_embd=8, hc_streams=3, gated_rank=2)
     branches = random_branches(4, 8)
-    X = X0[..., None, :].expand(2, 4, 3, 8)
+    X = X0[..., None, :].expand(2, 3, 3, 8)
     for layer, f in zip(conn.layers, branches):
         u, v = reference_read(layer.read, X)
         w = 2 * torch.sigmoid(torch.einsum("btk,kn->btn", v, layer.inject))

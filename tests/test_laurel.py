@@ -11,7 +11,7 @@ from nanochat import connections
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config)  # noqa: F401
+                          base, fp64_trunk, random_branches, tiny, tiny_config)  # noqa: F401
 
 FORMS = ("rw", "lr", "rw_lr")
 
@@ -30,14 +30,7 @@ def test_equals_prenorm_at_init(form):
 def test_matches_the_papers_update_once_trained(form):
     """x_{l+1} = alpha F(x_l) + beta (x_l + x_l A B), written from the paper with
     (alpha, beta) = 2 softmax(w) (no w: 1, 1; no A, B: no low-rank term)."""
-    cfg = tiny_config("laurel", n_layer=2, **fields(form, rank=3))
-    conn = connections.build(cfg).double()
-    conn.init_weights()
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    x0 = torch.randn(2, 5, 32, generator=g, dtype=torch.float64)
+    conn, x0 = fp64_trunk("laurel", seed=4, n_layer=2, **fields(form, rank=3))
     branches = random_branches(4, 32)
     x = x0
     for layer, f in zip(conn.layers, branches):

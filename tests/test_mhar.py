@@ -11,7 +11,7 @@ from nanochat import connections
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, random_branches, tiny, tiny_config, tokens)  # noqa: F401
+                          base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401
 from test_gpt import randomize
 
 FIRST_READ = ("layers.0.read.query", "layers.0.read.gain")  # a softmax over x0 alone: no gradient
@@ -47,13 +47,7 @@ def reference_read(read, sources, H):
 
 @pytest.mark.parametrize("H", (1, 2, 4))
 def test_matches_the_papers_per_head_read(H):
-    conn = connections.build(tiny_config("mhar", n_layer=2, mhar_heads=H)).double()
-    conn.init_weights()
-    g = torch.Generator().manual_seed(8)
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    x0 = torch.randn(2, 3, 32, generator=g, dtype=torch.float64)
+    conn, x0 = fp64_trunk("mhar", seed=8, n_layer=2, mhar_heads=H)
     branches = random_branches(4, 32)
     sources = [x0]
     for layer, f in zip(conn.layers, branches):

@@ -79,6 +79,24 @@ def assert_every_connection_parameter_gets_a_gradient(model, without=()):
         assert (grad is not None and grad.abs().sum() > 0) == (name not in without), name
 
 
+def moved(module, seed=0, scale=1.0):
+    """Every parameter of `module` moved off its init by scale * N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def fp64_trunk(hc, seed=0, **fields):
+    """(the connections of a tiny config in fp64, moved off their init; an fp64 x0 for them)"""
+    cfg = tiny_config(hc, **fields)
+    conn = connections.build(cfg).double()
+    conn.init_weights()
+    x0 = torch.randn(2, 3, cfg.n_embd, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return moved(conn, seed), x0
+
+
 def random_branches(L, C, seed=11, dtype=torch.float64):
     """L fixed smooth branches u -> tanh(u M_l), standing in for the sub-layers."""
     g = torch.Generator().manual_seed(seed)
