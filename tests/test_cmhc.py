@@ -1,8 +1,9 @@
-"""Circulant hyper-connections: H_res exactly doubly stochastic (every row and column holds
-the n shift weights); the layer equals the source's map written out; its init; pre-norm at
-init once phi is zero, and close to it with the source's random phi; causal; every parameter
-gets a gradient; fp64 gradcheck; the source's parameter count; configuration errors.
-Decoding and the HF export: test_engine.py, test_hf_export.py."""
+"""Circulant hyper-connections: H_res exactly doubly stochastic (every row and column holds the n
+shift weights); the layer equals the source's map written out; its init; pre-norm at init once
+phi is zero, and close to it with the source's random phi; causal; every parameter gets a
+gradient; fp64 gradcheck; the source's parameter count; configuration errors; KV-cache decoding
+of the other forms. The default form's decoding and HF export: test_engine.py,
+test_hf_export.py."""
 
 import math
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from nanochat import connections
+from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
@@ -92,6 +94,11 @@ def test_causal_gradients_gradcheck_and_parameter_count():
     assert_gradcheck("cmhc", hc_streams=3, cmhc_beta=1.0)
     assert_params_match_spec("cmhc")
     assert_params_match_spec("cmhc", hc_streams=3, hc_norm_weight=False)
+
+
+def test_kv_cache_decode_equals_the_full_forward():
+    """The default beta (4): test_engine.py."""
+    assert_decodes_as_the_full_forward("cmhc", dict(cmhc_beta=1.0))
 
 
 def test_parameter_count_is_the_sources():

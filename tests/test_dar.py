@@ -1,12 +1,14 @@
-"""Delta attention residuals: pre-norm at init with the zero gate (full and block sources);
-the paper's update written out for every source and gate form; causal; every parameter but
-the first read's gets a gradient; fp64 gradcheck; the paper's and the factory's parameter
-counts; configuration errors. Decoding and the HF export: test_engine.py, test_hf_export.py."""
+"""Delta attention residuals: pre-norm at init with the zero gate (full and block sources); the
+paper's update written out for every source and gate form; causal; every parameter but the first
+read's gets a gradient; fp64 gradcheck; the paper's and the factory's parameter counts;
+configuration errors; KV-cache decoding of the other forms. The default form's decoding and HF
+export: test_engine.py, test_hf_export.py."""
 
 import pytest
 import torch
 
 from nanochat import connections
+from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
@@ -77,6 +79,12 @@ def test_causal_gradients_gradcheck_and_parameter_count(source, gate):
     assert_gradcheck("dar", n_layer=2, **fields)
     assert_params_match_spec("dar", **fields)
     assert_params_match_spec("dar", hc_norm_weight=False, **fields)
+
+
+@pytest.mark.parametrize("source, gate", [("block", "sigmoid_vector"), ("full", "none")])
+def test_kv_cache_decode_equals_the_full_forward(source, gate):
+    """The default (full, zero gate): test_engine.py."""
+    assert_decodes_as_the_full_forward("dar", dict(dar_source=source, dar_gate=gate))
 
 
 def test_parameter_counts_are_the_published_ones():

@@ -1,7 +1,7 @@
-"""The gated residual: the layer and the mixer equal the release's update written out; pre-norm
-at init (the body moved off its init); causal; every parameter gets a gradient; fp64
-gradcheck; the parameter count; configuration errors. Decoding and the HF export:
-test_engine.py, test_hf_export.py."""
+"""The gated residual: the layer and the mixer equal the release's update written out; pre-norm at
+init (the body moved off its init); causal; every parameter gets a gradient; fp64 gradcheck; the
+parameter count; configuration errors; KV-cache decoding of the other forms. The default form's
+decoding and HF export: test_engine.py, test_hf_export.py."""
 
 import math
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from nanochat import connections
+from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
@@ -61,6 +62,11 @@ def test_gradients_gradcheck_and_parameter_count():
     assert_gradcheck("gated", hc_streams=2, gated_rank=2)
     assert_params_match_spec("gated")
     assert_params_match_spec("gated", hc_streams=3, gated_rank=5, hc_norm_weight=False)
+
+
+def test_kv_cache_decode_equals_the_full_forward():
+    """The default (rank C / 8, with g): test_engine.py."""
+    assert_decodes_as_the_full_forward("gated", dict(gated_rank=1, hc_norm_weight=False))
 
 
 def test_default_rank_is_the_releases_ratio():

@@ -1,6 +1,7 @@
 """LAuReL: each form equals pre-norm at init and the paper's update written out once trained;
-causal; every parameter gets a gradient; fp64 gradcheck; the factory's parameter count;
-its configuration errors. Decoding and the HF export: test_engine.py, test_hf_export.py."""
+causal; every parameter gets a gradient; fp64 gradcheck; the factory's parameter count; its
+configuration errors; KV-cache decoding of the other forms. The default form's decoding and HF
+export: test_engine.py, test_hf_export.py."""
 
 import math
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from nanochat import connections
+from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
@@ -58,6 +60,12 @@ def test_causal_gradients_gradcheck_and_parameter_count(form):
     assert_every_connection_parameter_gets_a_gradient(tiny("laurel", **fields(form)))
     assert_gradcheck("laurel", **fields(form, rank=2))
     assert_params_match_spec("laurel", **fields(form))
+
+
+@pytest.mark.parametrize("form", ("rw", "lr"))
+def test_kv_cache_decode_equals_the_full_forward(form):
+    """The default form: test_engine.py."""
+    assert_decodes_as_the_full_forward("laurel", fields(form))
 
 
 def test_parameter_count_is_the_factorys():

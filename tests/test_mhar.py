@@ -1,13 +1,14 @@
-"""Multi-head attention residuals: one head is attnres in its per-sub-layer form (block size
-1), to the bit; pre-norm at init through the norms; H heads equal the paper's per-head read
-written out (full-width RMS norm, then the heads' slices); causal; every parameter but the
-first read's gets a gradient; fp64 gradcheck; the parameter count; configuration errors.
-Decoding and the HF export: test_engine.py, test_hf_export.py."""
+"""Multi-head attention residuals: one head is attnres in its per-sub-layer form (block size 1), to
+the bit; pre-norm at init through the norms; H heads equal the paper's per-head read written out
+(full-width RMS norm, then the heads' slices); causal; every parameter but the first read's gets
+a gradient; fp64 gradcheck; the parameter count; configuration errors; KV-cache decoding of the
+other forms. The default form's decoding and HF export: test_engine.py, test_hf_export.py."""
 
 import pytest
 import torch
 
 from nanochat import connections
+from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
 from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
@@ -73,6 +74,11 @@ def test_causal_gradients_gradcheck_and_parameter_count():
     assert_params_match_spec("mhar")
     assert_params_match_spec("mhar", hc_norm_weight=False)
     assert sum(p.numel() for p in tiny("mhar").connections.parameters()) == 5 * 2 * 32  # 2C per read, 4 + final
+
+
+def test_kv_cache_decode_equals_the_full_forward():
+    """The default (n_kv_head heads): test_engine.py."""
+    assert_decodes_as_the_full_forward("mhar", dict(mhar_heads=4))
 
 
 def test_default_heads_are_the_kv_heads():
