@@ -96,9 +96,11 @@ def test_causal_gradients_gradcheck_and_parameter_count():
     assert_params_match_spec("cmhc", hc_streams=3, hc_norm_weight=False)
 
 
-def test_kv_cache_decode_equals_the_full_forward():
-    """The default beta (4): test_engine.py."""
-    assert_decodes_as_the_full_forward("cmhc", dict(cmhc_beta=1.0))
+@pytest.mark.parametrize("options", [dict(cmhc_beta=1.0), dict(hc_pre="delayed"),
+                                     dict(hc_expand="lss", hc_reduce="learned")], ids=str)
+def test_kv_cache_decode_equals_the_full_forward(options):
+    """Another beta and the HC options (the default: test_engine.py)."""
+    assert_decodes_as_the_full_forward("cmhc", options)
 
 
 def test_parameter_count_is_the_sources():
