@@ -159,12 +159,13 @@ def test_prenorm_is_x_plus_f_of_x_per_sub_layer():
     torch.testing.assert_close(conn(x0, branches), x, atol=0, rtol=0)
 
 
-def test_prenorm_has_no_parameters_and_is_causal():
+def test_prenorm_has_no_parameters_is_causal_and_passes_gradcheck():
     model = randomize(tiny("prenorm"))
     assert_params_match_spec("prenorm")
     assert not list(model.connections.parameters())
     assert_causal(model)
     assert_diagnostics(model)
+    assert_gradcheck("prenorm")  # in x0 alone
 
 
 def test_prenorm_differs_from_the_residual_row_only_by_its_scalars():
