@@ -16,13 +16,13 @@
 #                                 # the compute-optimal frontier per variant (scripts.isoflop)
 #   bash speedrun.sh MODE --dry-run   # (or PLAN_ONLY=1) print the plan and its GPU-hours, train nothing
 #
-# The ladder and the grid (README.md, "The ladder and the iso-FLOP grid"): VARIANTS (default
+# The ladder and the grid (docs/compute_multiplier.md, "The ladder and the iso-FLOP grid"): VARIANTS (default
 # residual,mhc,mhc_lite,kromhc; names of configs/paper/d12_<name>.toml, whose hyper-parameters the
 # runs keep, or TOML paths), LADDER_DEPTHS (default "6 8 10 12 14 16": the paper's D=6 and D=12
 # and four more), LADDER_RATIO (default 20 tokens per scaling parameter), FLOPS_BUDGETS (default
 # "2e17 6e17 2e18"). Their plan prices runs nothing has measured at an assumed MFU (PLAN_MFU,
 # default 0.4) of the peak of the GPU nvidia-smi names (PLAN_GPU overrides it, e.g. to plan a
-# node from a login machine); the arithmetic of the defaults is in README.md.
+# node from a login machine); the arithmetic of the defaults is in docs/compute_multiplier.md.
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
 # default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
@@ -38,8 +38,8 @@
 # resume; a run that fails (its log line in the report) does not stop the others, and the script
 # then exits non-zero. SIGTERM or SIGUSR1 (preemption) makes the run in training save a
 # checkpoint (torchrun gives its workers SHUTDOWN_TIMEOUT seconds, default 300); the script then
-# exits with status 75, and run again it continues (README.md: "On a cluster"). For several
-# nodes, run train steps yourself with torchrun --nnodes (see README.md).
+# exits with status 75, and run again it continues (docs/cluster.md). For several
+# nodes, run train steps yourself with torchrun --nnodes (see docs/cluster.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 

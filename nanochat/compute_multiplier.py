@@ -3,7 +3,7 @@
 Pure math over numbers a run records (final bpb, training FLOPs, training seconds, the val
 curve); no files. scripts/compare.py and the report's "Compute multiplier" section call it.
 
-Three readings (see the README, "What is a connection worth?"):
+Three readings (see docs/compute_multiplier.md):
 - ladder-final CM (the default): the baseline's final (C, bpb) points over its depth ladder
   fitted as L(C) = a + b*C^-c; a variant final (C_v, y_v) reads CM = L^-1(y_v) / C_v. Only
   finished, fully scheduled runs enter, so the warmdown is in every point.

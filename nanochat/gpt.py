@@ -9,6 +9,8 @@ of 64; sliding windows from a pattern string; GQA; meta-device construction foll
 `init_weights()`. What changes is the trunk: the model builds its sub-layers as branches
 (u -> sub-layer(norm(u))) and hands the embedding and the branches to `StreamConnections`,
 which runs the whole residual path and returns the folded state; nothing here knows streams.
+The attention branch also takes a triple (u_q, u_k, u_v), each normed on its own, for a
+wiring that feeds query, key and value from different states (MUDDFormer).
 The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in one place,
 `CausalSelfAttention.forward`.
 """
@@ -28,7 +30,18 @@ from nanochat import connections
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
 
 
+def with_variant_fields(cls):
+    """Add every variant's own config fields (its module's FIELDS, nanochat/connections) to
+    the config class, with their defaults, so that a new wiring adds none here; a checkpoint
+    written before a field existed rebuilds with its default."""
+    for name, (default, *_) in connections.variant_fields().items():
+        cls.__annotations__[name] = type(default)
+        setattr(cls, name, field(default_factory=lambda d=default: list(d)) if isinstance(default, list) else default)
+    return cls
+
+
 @dataclass
+@with_variant_fields
 class GPTConfig:
     sequence_len: int = 2048
     vocab_size: int = 32768
@@ -38,14 +51,13 @@ class GPTConfig:
     n_embd: int = 768
     window_pattern: str = "SSSL"
     # nanochat's value embeddings (on at the pin). Off, with a 65,536 vocab, gives the
-    # paper's stated sizes (~60M at D=6, ~186M at D=12); see README "The residual row".
+    # paper's stated sizes (~60M at D=6, ~186M at D=12); see docs/variants.md, "The residual row".
     value_embeds: bool = True
-    # Stream connections (DESIGN.md section 3). hc_streams = 0 and hc_factors = [] mean
-    # "the variant's default" (1 for residual, 4 for the others; prime factors for kromhc).
+    # Stream connections (docs/connections.md). hc_streams = 0 means "the variant's default"
+    # (1 for the single-state variants, 4 for the others). Each variant's own fields
+    # (hc_factors, hc_go_s, attnres_block_size, ...) come from its module: with_variant_fields.
     hc: str = "residual"
     hc_streams: int = 0
-    hc_factors: list = field(default_factory=list)
-    hc_alpha_shared: bool = True
     hc_sk_iters: int = 20
     hc_norm_weight: bool = True
     hc_recompute: bool = False
@@ -56,16 +68,6 @@ class GPTConfig:
     hc_lss_init: float = 0.6
     hc_reduce: str = "sum"  # sum | learned (DeepSeek-V4's head)
     hc_pre: str = "current"  # current | delayed (DeepSeek-V4.1's single-pass pre-weights)
-    # Fields of one variant each (connections/go_mhc.py, attnres.py).
-    hc_go_s: int = 2  # go_mhc's block size s
-    attnres_block_size: int = 0  # attnres: modules per block (0: about 8 blocks)
-    laurel_form: str = "rw_lr"  # laurel: rw | lr | rw_lr
-    laurel_rank: int = 16  # laurel: rank r of the low-rank term (lr, rw_lr)
-    cmhc_beta: float = 4.0  # cmhc: leak beta, gamma = beta / (2 * n_layer)
-    gated_rank: int = 0  # gated: rank of the read gate's bottleneck (0: n_embd / 8)
-    mhar_heads: int = 0  # mhar: heads of the depth read (0: n_kv_head)
-    dar_source: str = "full"  # dar: full | block
-    dar_gate: str = "zero"  # dar: zero | none | sigmoid_scalar | sigmoid_vector
     # Attention kernel: "flex" (FlexAttention, block-sparse sliding windows), "sdpa"
     # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
     # sdpa elsewhere). Checkpoints written before the field existed load as "auto".
@@ -80,12 +82,17 @@ class GPTConfig:
             raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
-        self.hc_factors = list(self.hc_factors or [])
         connections.resolve_config(self)
 
 
 def norm(x):
     return F.rms_norm(x, (x.size(-1),))
+
+
+def norm_inputs(u):
+    """A branch's input normed: a state, or a (u_q, u_k, u_v) triple with a norm of its own
+    for each (attention's inputs from different states)."""
+    return tuple(norm(t) for t in u) if isinstance(u, tuple) else norm(u)
 
 
 def has_value_embedding(layer_idx, config):
@@ -272,20 +279,24 @@ class CausalSelfAttention(nn.Module):
                         if has_value_embedding(layer_idx, config) else None)
 
     def forward(self, x, ve, cos_sin, window, kv_cache, key_mask=None):
-        B, T, C = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        """x: the normed input (B, T, C), or a triple (x_q, x_k, x_v) when a wiring feeds the
+        query, key and value from different states (MUDDFormer); the value embedding's gate
+        reads the value's input."""
+        x_q, x_k, x_v = x if isinstance(x, tuple) else (x, x, x)
+        B, T, C = x_q.shape
+        q = self.c_q(x_q).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x_k).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(x_v).view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
             # ResFormer-style value residual, gated per head in (0, 2).
-            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate_channels]))
+            gate = 2 * torch.sigmoid(self.ve_gate(x_v[..., :self.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view_as(v)
         cos, sin = cos_sin
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv_head != self.n_head
-        flex = attention_backend(self.attention, x.device) == "flex"
+        flex = attention_backend(self.attention, x_q.device) == "flex"
         if kv_cache is None and key_mask is None and window < T and flex:
             # A windowed layer over the whole sequence: the one case where SDPA needs an explicit
             # mask (no flash kernel, every masked block computed) and a block mask skips work.
@@ -500,8 +511,9 @@ class GPT(nn.Module):
             window = self.window_sizes[i]
 
             def attn_branch(u, i=i, block=block, window=window):
+                # u: a state, or a (u_q, u_k, u_v) triple (CausalSelfAttention.forward)
                 ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-                return block.attn(norm(u), ve, (cos, sin), window, kv_cache, padding_mask)
+                return block.attn(norm_inputs(u), ve, (cos, sin), window, kv_cache, padding_mask)
 
             def mlp_branch(u, block=block):
                 return block.mlp(norm(u))

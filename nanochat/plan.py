@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanochat.report.runs import SINGLE_STATE
+from nanochat.report.runs import single_state
 
 # base_train's defaults for the keys a config may omit (nanochat/train_config.py).
 DEFAULT_SEED = 42
@@ -47,7 +47,7 @@ TOKENS_PER_SHARD = 34e6
 
 def stream_count(variant, n):
     """n of a run: 1 for the single-state variants, else its hc_streams (unset or 0: the default)."""
-    return 1 if variant in SINGLE_STATE else (n if n and n > 0 else DEFAULT_STREAMS)
+    return 1 if single_state(variant) else (n if n and n > 0 else DEFAULT_STREAMS)
 
 
 @dataclass(frozen=True)

@@ -8,41 +8,30 @@ import dataclasses
 import os
 import tomllib
 
-from nanochat import preempt
-from nanochat.cli import (choice, existing_dir, finite_float, fraction, nonneg_float, nonneg_int, positive_even_int,
-                          positive_float, positive_int)
+from nanochat import connections, preempt
+from nanochat.cli import (boolean, choice, existing_dir, finite_float, fraction, nonneg_float, nonneg_int,
+                          positive_even_int, positive_float, positive_int)
 from nanochat.preempt import parse_signals
 
 
-def _bool(text):
-    if isinstance(text, bool):
-        return text
-    low = str(text).lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _int_list(text):
-    """KromHC factors: a TOML list, or text like 2,2,2 or 4x2; empty = the default."""
-    if isinstance(text, list):
-        parts = text
-    else:
-        text = str(text).strip()
-        parts = text.replace("x", ",").split(",") if text else []
-    try:
-        factors = [int(v) for v in parts if not isinstance(v, (bool, float))]
-    except ValueError:
-        factors = None
-    if factors is None or len(factors) != len(parts) or any(f < 2 for f in factors):
-        raise argparse.ArgumentTypeError(f"expected factors >= 2 like 2,2 or 4x2, got {text!r}")
-    return factors
-
-
-_int_list.numeric = True
 NEVER = {-1: "never"}  # the special value of the "every N steps" flags
+# The parser of a variant's own config field whose module names none (FIELD_TYPES), by the
+# type of its default; a list or another type needs one named.
+FIELD_PARSERS = {bool: boolean, int: positive_int(), float: finite_float(), str: str}
+
+
+def variant_flags():
+    """(flag, type, default, help) of every variant's own config fields: each module's FIELDS,
+    FIELD_HELP and FIELD_TYPES (nanochat/connections), so that a wiring adds flags and TOML
+    keys without editing this table."""
+    flags = []
+    for name, (default, help_text, parser, variant) in connections.variant_fields().items():
+        parser = parser or FIELD_PARSERS.get(type(default))
+        if parser is None:
+            raise connections.SpecError(f"variant {variant!r}: FIELD_TYPES names no parser for {name} "
+                                        f"(a {type(default).__name__} default has none by default)")
+        flags.append((name, parser, default, help_text))
+    return flags
 
 
 # (flag, type, default, help). Defaults are nanochat's at commit 4d8dbaf, with the
@@ -56,7 +45,7 @@ FLAGS = [
     ("data_seed", nonneg_int({-1: "nanochat's fixed order"}), -1,
      "seed that shuffles the order of the training data's row groups "
      "(-1: nanochat's fixed order, files and row groups in sequence)"),
-    ("compile", _bool, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
+    ("compile", boolean, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
     ("data_dir", existing_dir, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
     ("vocab_size", nonneg_int(), 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
     # model
@@ -65,42 +54,19 @@ FLAGS = [
     ("head_dim", positive_even_int(), 128, "attention head dimension (even: rotary embeddings pair its halves)"),
     ("max_seq_len", positive_int(), 2048, "context length"),
     ("window_pattern", str, "SSSL", "L = full context, S = half; tiled over layers, last layer always L"),
-    ("value_embeds", _bool, True, "nanochat's value embeddings on alternating layers (off + a 65,536 vocab: "
+    ("value_embeds", boolean, True, "nanochat's value embeddings on alternating layers (off + a 65,536 vocab: "
                                   "the paper's ~60M/~186M sizes)"),
     ("attention", choice("auto", "flex", "sdpa"), "auto",
      "attention kernel: flex (FlexAttention, block-sparse windows) | sdpa | auto (flex on CUDA, sdpa elsewhere)"),
     # connections
-    ("hc", str, "residual", "residual | hc | hc_identity | mhc | mhc_lite | kromhc | go_mhc | frac | attnres | "
-                            "prenorm | laurel | cmhc | gated | mhar | dar "
-                            "(attnres: Block Attention Residuals, a baseline beside the HC family)"),
+    ("hc", str, "residual", f"the connection: {' | '.join(connections.VARIANTS)} (docs/connections.md)"),
     ("hc_streams", nonneg_int(), 0, "number of streams n (frac: fractions m of the hidden state, which must divide "
                                     "its width; 0: the variant's default, 4 for HC variants and frac)"),
-    ("hc_factors", _int_list, [], "KromHC factorization of n, e.g. 2,2,2 or 4x2 (default: prime factors)"),
-    ("hc_alpha_shared", _bool, True, "KromHC: one alpha_res shared by all factors"),
+    *variant_flags(),
     ("hc_sk_iters", positive_int(), 20, "mHC: Sinkhorn-Knopp iterations"),
-    ("hc_go_s", positive_int(), 2, "go_mhc: block size s of the orthostochastic H_res (1: orthostochastic; "
-                                   "go-mHC recommends 2); its skew-symmetric generator comes from the HC "
-                                   "projection x'W, our choice (the source publishes no LM wiring)"),
-    ("attnres_block_size", nonneg_int({0: "about 8 blocks"}), 0,
-     "attnres: sub-layer modules per block (attention and MLP each count; 1 = Full Attention Residuals; "
-     "0 = ceil(2 * depth / 8), the paper's ~8 blocks: 3 at depth 12)"),
-    ("laurel_form", choice("rw", "lr", "rw_lr"), "rw_lr",
-     "laurel: rw (learned weights on branch and residual) | lr (a low-rank term on the residual) | rw_lr (both)"),
-    ("laurel_rank", positive_int(), 16, "laurel: rank r of the low-rank term of the lr and rw_lr forms"),
-    ("cmhc_beta", nonneg_float(), 4.0, "cmhc: leak beta of the circulant H_res, gamma = beta / (2 * depth) "
-                                       "(at most 1); the source's runs used 4"),
-    ("gated_rank", nonneg_int({0: "n_embd / 8"}), 0, "gated: rank of the read gate's bottleneck (0: n_embd / 8, "
-                                                      "the released model's 320 at 2560)"),
-    ("mhar_heads", nonneg_int({0: "n_kv_head"}), 0, "mhar: heads of the depth read, dividing n_embd "
-                                                    "(0: n_kv_head, the paper's recommendation)"),
-    ("dar_source", choice("full", "block"), "full", "dar: sources of the read, full (every sub-layer's output) "
-                                                    "| block (one delta per transformer block)"),
-    ("dar_gate", choice("zero", "none", "sigmoid_scalar", "sigmoid_vector"), "zero",
-     "dar: gate on the read, zero (a learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar | "
-     "sigmoid_vector"),
-    ("hc_norm_weight", _bool, True, "learnable weight in the RMSNorm over n*C (the paper counts it; frac: of its "
+    ("hc_norm_weight", boolean, True, "learnable weight in the RMSNorm over n*C (the paper counts it; frac: of its "
                                     "per-fraction norm; attnres: the key-norm gains)"),
-    ("hc_recompute", _bool, False, "keep only the connection projection (k numbers per token) and "
+    ("hc_recompute", boolean, False, "keep only the connection projection (k numbers per token) and "
                                    "recompute the gates and H_res in backward (a few percent less activation memory)"),
     ("hc_lr", nonneg_float(), 0.005, "AdamW LR of every HC connection parameter (paper: 0.005; 0 freezes them), "
                                      "without weight decay (also frac's dynamic weights, which the "
@@ -156,7 +122,7 @@ FLAGS = [
     ("keep_checkpoints", nonneg_int({-1: "all"}), 2,
      "keep the K most recent intermediate checkpoints; the final one and the one `latest` names are "
      "always kept (0 = only those, -1 = keep all)"),
-    ("resume", _bool, False, "continue from the run directory's latest complete checkpoint, on any number of "
+    ("resume", boolean, False, "continue from the run directory's latest complete checkpoint, on any number of "
                              "ranks (another number reshards the optimizer state and the data position)"),
     # on a cluster
     ("save_on_signal", parse_signals, preempt.DEFAULT,

@@ -34,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat import preempt, preflight, watchdog  # noqa: E402
+from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
@@ -279,10 +280,9 @@ def main(argv=None):
            f"vocab {vocab_size}, windows {orig_model.window_sizes}")
     options = [f"{name} {getattr(config, name)}" for name, choices in HC_OPTIONS.items()
                if getattr(config, name) != choices[0]]
-    print0(f"connections: {config.hc}, n={config.hc_streams}"
-           + (f", factors {config.hc_factors}" if config.hc == "kromhc" else "")
-           + (f", s={config.hc_go_s}" if config.hc == "go_mhc" else "")
-           + (f", blocks of {config.attnres_block_size} modules" if config.hc == "attnres" else "")
+    spec = connections.spec(config.hc)
+    print0(f"connections: {config.hc} ({spec.label}), n={config.hc_streams}"
+           + (f", {spec.settings(config)}" if spec.settings else "")
            + "".join(f", {option}" for option in options))
     print0(f"parameters: {counts['total']:,} total, {counts['non_embedding']:,} non-embedding "
            f"(value embeddings {'on' if config.value_embeds else 'off'}); by role: "
@@ -615,9 +615,9 @@ def main(argv=None):
                        "hc": counts["connections"], "wte": counts["wte"],
                        "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
                        "transformer_matrices": counts["transformer_matrices"]},
-            "hc": config.hc, "hc_streams": config.hc_streams, "hc_factors": config.hc_factors,
-            "hc_alpha_shared": config.hc_alpha_shared, "hc_go_s": config.hc_go_s,
-            "attnres_block_size": config.attnres_block_size, "depth": config.n_layer, "model_dim": config.n_embd,
+            "hc": config.hc, "hc_streams": config.hc_streams,
+            **{name: getattr(config, name) for name in connections.variant_fields()},
+            "depth": config.n_layer, "model_dim": config.n_embd,
             "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
             "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
             "peak_mem_mib": peak_memory_mib(device), "world_size": info.world_size, "device": str(device.type),

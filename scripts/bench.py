@@ -7,9 +7,11 @@ Two benchmarks, forward + backward each (no optimizer step):
          around a cheap fixed branch F, so that the connection's own cost dominates:
            --branch linear  F(u) = u @ M, a frozen C x C matrix (the default)
            --branch scale   F(u) = u / 2 (no branch cost at all)
-         The layer is sub-layer 0 (attention slot), so `residual` includes its
-         l_resid / l_x0 re-mix with x0, and attnres reads one source (the embedding): its
-         reads grow with the blocks before them, which the model benchmark includes.
+         The layer is the one the variant's SPEC names (bench_layer): sub-layer 0 (the
+         attention slot) unless the wiring works at block ends, where it is the first block
+         end (sub-layer 1; its label says "(layer 1)"). So `residual` includes its l_resid /
+         l_x0 re-mix with x0, and attnres reads one source (the embedding): its reads grow
+         with the blocks before them, which the model benchmark includes.
   model  the whole GPT (--depth, --width or --aspect-ratio, --head-dim, --seq-len,
          --batch, --vocab-size) on random tokens: loss, then backward.
 
@@ -18,8 +20,8 @@ Backends: --hc-kernels torch,liger benches every HC variant once per stream-op b
 kernels, CUDA only); `x torch` is each row's time over the same variant's torch row.
 --hc-pre current,delayed does the same for DeepSeek-V4.1's delayed pre-weights (the layer
 benchmark then hands the layer the pre-weights a previous layer would carry in).
-residual, frac and attnres have neither Liger kernels nor the HC options and run on torch
-only; residual and attnres have no --recompute option.
+Variants outside the HC family (residual, frac, attnres, ...) have neither Liger kernels
+nor the HC options and run on torch only; the single-state ones have no --recompute option.
 
 Compiled (--compile), each row also counts the kernels Inductor generated for its forward
 and backward (torch._inductor.metrics.generated_kernel_count over the first step): what the
@@ -83,7 +85,6 @@ from nanochat.gpt import GPTConfig, build_model
 from scripts import bench_infer
 
 VARIANTS = tuple(connections.VARIANTS)
-STREAMLESS = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")  # one state of C: no --streams, no recompute
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 INFER_BENCHES = ("infer", "prefill", "decode")
 
@@ -92,8 +93,9 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="V",
-                   help=f"variants to compare (default: all: {' '.join(VARIANTS)})")
+    variants = list(connections.VARIANTS)  # the registry as it is now (a test may register one)
+    p.add_argument("--variants", nargs="+", default=variants, choices=variants, metavar="V",
+                   help=f"variants to compare (default: all: {' '.join(variants)})")
     p.add_argument("--streams", type=positive_int(), default=4, help="n for the hyper-connection variants (default 4)")
     p.add_argument("--factors", type=int_at_least(2), nargs="*", default=[],
                    help="kromhc factors (default: prime factors of n)")
@@ -168,20 +170,23 @@ def model_width(args):
     return math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
 
 
-def hc_family(variant):
-    """Whether the variant keeps the HC family's n streams (its module names no OWN_STATE):
-    then Liger's kernels and the HC options apply to it."""
-    return not hasattr(connections.VARIANTS[variant], "OWN_STATE")
+hc_family = connections.hc_family  # the variants Liger's kernels and the HC options apply to
+
+
+def has_streams(variant):
+    """n streams (SPEC state "streams"): --streams and --recompute apply."""
+    return connections.spec(variant).streams
 
 
 def make_config(args, variant, recompute, n_layer, kernels="torch", pre="current"):
     C = model_width(args)
-    hc = variant not in STREAMLESS
+    hc = has_streams(variant)
+    own = getattr(connections.VARIANTS[variant], "FIELDS", {})
     try:
         return GPTConfig(sequence_len=args.seq_len, vocab_size=args.vocab_size, n_layer=n_layer,
                          n_head=C // args.head_dim, n_kv_head=C // args.head_dim, n_embd=C,
                          window_pattern=args.window_pattern, hc=variant, hc_streams=args.streams if hc else 0,
-                         hc_factors=list(args.factors) if variant == "kromhc" else [],
+                         hc_factors=list(args.factors) if "hc_factors" in own else [],
                          hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc, hc_kernels=kernels, hc_pre=pre)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
@@ -206,14 +211,16 @@ class LayerUnderTest(nn.Module):
 
 
 def layer_case(args, variant, recompute, device, dtype, autocast, kernels="torch", pre="current"):
-    """dict(module, step, forward, tokens, n) for one layer on random streams, its stream
-    ops on the `kernels` backend (hc_kernels)."""
+    """dict(module, step, forward, tokens, n, layer) for one layer on random streams, its
+    stream ops on the `kernels` backend (hc_kernels): the layer its SPEC names (bench_layer,
+    sub-layer 0 unless the wiring works at block ends), called alone."""
     cfg = make_config(args, variant, recompute, n_layer=1, kernels=kernels, pre=pre)
     conn = connections.build(cfg)
     conn.to(device)
     conn.init_weights()
     C, B, T, n = cfg.n_embd, args.batch, args.seq_len, cfg.hc_streams
-    module = LayerUnderTest(conn.layers[0], C, args.branch).to(device)
+    index = connections.spec(variant).bench_layer
+    module = LayerUnderTest(conn.layers[index], C, args.branch).to(device)
     g = torch.Generator(device=device).manual_seed(args.seed)
     x0 = torch.randn(B, T, C, device=device, generator=g).to(dtype)
     X = conn.expand(x0)
@@ -232,7 +239,8 @@ def layer_case(args, variant, recompute, device, dtype, autocast, kernels="torch
         X.grad = None
         forward().backward(grad_out)
 
-    return dict(module=module, step=step, forward=forward, tokens=B * T, n=n, inputs=(X, x0, carry), grad_out=grad_out)
+    return dict(module=module, step=step, forward=forward, tokens=B * T, n=n, inputs=(X, x0, carry), grad_out=grad_out,
+                layer=index)
 
 
 def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch", pre="current"):
@@ -359,11 +367,13 @@ def run_bench(args, bench, device, dtype, autocast):
     cases = {}
     for variant in args.variants:
         family = hc_family(variant)
-        for recompute, kernels, pre in itertools.product(settings if variant not in STREAMLESS else [False],
+        for recompute, kernels, pre in itertools.product(settings if has_streams(variant) else [False],
                                                          args.hc_kernels if family else ["torch"],
                                                          args.hc_pre if family else ["current"]):
             label = (variant + (" +recompute" if recompute else "") + (" +delayed pre" if pre == "delayed" else "")
-                     + (f" [{kernels}]" if kernels != "torch" else ""))
+                     + (f" [{kernels}]" if kernels != "torch" else "")
+                     + (f" (layer {connections.spec(variant).bench_layer})"
+                        if bench == "layer" and connections.spec(variant).bench_layer else ""))
             cases[label] = dict(variant=variant, recompute=recompute, kernels=kernels, pre=pre,
                                 **build(args, variant, recompute, device, dtype, autocast, kernels, pre))
     if args.compile:

@@ -25,17 +25,31 @@ import os
 
 import torch
 
+from nanochat import connections
+from nanochat import connections
 from nanochat.cli import choice, existing_dir, int_at_least, nonneg_int, positive_int, run
 from nanochat.common import text_table
-from nanochat.connections.attnres import default_block_size
-from nanochat.connections.diagnostics import (HC_VARIANTS, NOT_APPLICABLE, OTHER_VARIANTS, attnres_read_params,
-                                              collect_hc_stats, frac_layer_params, hc_layer_params, model_hc_params,
-                                              stream_mix_flops, trunk_params)
+from nanochat.connections.diagnostics import (attnres_read_params, collect_hc_stats, frac_layer_params,
+                                              hc_layer_params, model_hc_params, trunk_params)
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
 from nanochat.report import paper
 from nanochat.report.format import fmt
 
 PAPER_WIDTHS = {6: 384, 12: 768}  # model_dim of the paper's D = 6 and D = 12 (head dim 128)
+
+
+def family_variants():
+    """The HC family's variants in registry order (connections.hc_family): the rows of the
+    paper's ΔParams column, the options table and the params-vs-n figure."""
+    return [name for name in connections.VARIANTS if connections.hc_family(name)]
+
+
+def connection_params(variant, depth, C, **fields):
+    """Connection parameters of a whole model of `depth` blocks and width C, as the variant's
+    SPEC counts them for the resolved config (ValueError for a config it refuses)."""
+    from nanochat.gpt import GPTConfig
+    cfg = GPTConfig(n_layer=depth, n_embd=C, n_head=1, n_kv_head=1, hc=variant, **fields)
+    return connections.spec(variant).params(cfg)
 
 
 def kilo(x):
@@ -49,17 +63,17 @@ def pct(ours, theirs):
 def main_table():
     n = paper.PAPER_STREAMS
     rows, diffs = [], []
-    for variant in HC_VARIANTS:
-        row = [paper.METHOD_NAMES[variant]]
+    for variant in family_variants():
+        row = [connections.label(variant)]
         for depth in paper.PAPER_DEPTHS:
             C = PAPER_WIDTHS[depth]
-            ours = model_hc_params(variant, n, C, depth)
+            ours = connection_params(variant, depth, C, hc_streams=n)
             ref = paper.MAIN.get((depth, variant))
             theirs = ref.delta_params_k * 1000 if ref else None
             if theirs:
                 diffs.append(abs(ours - theirs) / theirs)
             row += [kilo(ours), f"{theirs / 1e3:.0f}K" if theirs else "-", pct(ours, theirs) if theirs else "-",
-                    kilo(model_hc_params(variant, n, C, depth, norm_weight=False))]
+                    kilo(connection_params(variant, depth, C, hc_streams=n, hc_norm_weight=False))]
         rows.append(row)
     header = ["variant"]
     for depth in paper.PAPER_DEPTHS:
@@ -76,10 +90,10 @@ def options_table():
     """Connection parameters of each HC variant at D = 12, n = 4 with each option beyond the paper."""
     depth, n = 12, paper.PAPER_STREAMS
     C = PAPER_WIDTHS[depth]
-    options = (("the paper", {}), ("+ LSS", dict(expand="lss")), ("+ learned head", dict(reduce="learned")),
-               ("delayed pre", dict(pre="delayed")))
-    rows = [[paper.METHOD_NAMES[v], *(f"{model_hc_params(v, n, C, depth, **o):,}" for _, o in options)]
-            for v in HC_VARIANTS]
+    options = (("the paper", {}), ("+ LSS", dict(hc_expand="lss")), ("+ learned head", dict(hc_reduce="learned")),
+               ("delayed pre", dict(hc_pre="delayed")))
+    rows = [[connections.label(v), *(f"{connection_params(v, depth, C, hc_streams=n, **o):,}" for _, o in options)]
+            for v in family_variants()]
     return (f"Options beyond the paper (D = {depth}, C = {C}, n = {n}): connection parameters of the model.\n"
             f"LSS adds n*C = {trunk_params(n, C, expand='lss'):,} (one (n, C) scale at expansion); the learned head "
             f"n*n*C + n + 1 = {trunk_params(n, C, reduce='learned'):,};\ndelayed pre-weights add none (each layer's "
@@ -90,13 +104,15 @@ def options_table():
 def beyond_table():
     """Connection parameters of the variants beyond the paper's family at its depths."""
     n = paper.PAPER_STREAMS
-    rows = [[f"{paper.METHOD_NAMES['go_mhc']} (n = {n}, s = {s})",
+    rows = [[f"{connections.label('go_mhc')} (n = {n}, s = {s})",
              *(f"{model_hc_params('go_mhc', n, PAPER_WIDTHS[d], d, s=s):,}" for d in paper.PAPER_DEPTHS)]
             for s in (1, 2, 3)]
-    rows.append([f"{paper.METHOD_NAMES['frac']} (m = {n})",
-                 *(f"{model_hc_params('frac', n, PAPER_WIDTHS[d], d):,}" for d in paper.PAPER_DEPTHS)])
-    rows.append([paper.METHOD_NAMES["attnres"],
-                 *(f"{model_hc_params('attnres', 1, PAPER_WIDTHS[d], d):,}" for d in paper.PAPER_DEPTHS)])
+    for variant, spec in connections.specs(in_paper=False).items():
+        if connections.hc_family(variant):
+            continue
+        streams = dict(hc_streams=n) if spec.streams else {}
+        rows.append([connections.label(variant) + (f" ({spec.stream_symbol} = {n})" if spec.streams else ""),
+                     *(f"{connection_params(variant, d, PAPER_WIDTHS[d], **streams):,}" for d in paper.PAPER_DEPTHS)])
     C = PAPER_WIDTHS[12]
     return ("Beyond the paper's family: connection parameters of the model (not in the paper).\n"
             "go-mHC: the HC layer with R = ns(ns-1)/2 res logits (the strict upper triangle of its skew-symmetric\n"
@@ -122,49 +138,52 @@ def scaling_table():
 
 
 def params_vs_n_table(C=paper.PARAMS_VS_N_C, streams=range(2, 17)):
+    family = family_variants()
     rows = []
     for n in streams:
         row = [n]
-        for variant in HC_VARIANTS:
-            factors = None
+        for variant in family:
+            fields = dict(hc_streams=n)
             if variant == "kromhc":
                 k = round(math.log2(n))
-                factors = [2] * k if 2 ** k == n else None  # i_k = 2 where n is a power of two
+                fields["hc_factors"] = [2] * k if 2 ** k == n else []  # i_k = 2 where n is a power of two
+            if variant == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
+                row.append(f"{hc_layer_params(variant, n, C):.2e} (infeasible)")
+                continue
             try:
-                count = f"{hc_layer_params(variant, n, C, factors):,}"
+                count = f"{connection_params(variant, 1, C, **fields) // 2:,}"  # depth 1: two HC layers
             except ValueError:
                 count = "n/a (prime > 5)"
-            if variant == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
-                count = f"{hc_layer_params(variant, n, C):.2e} (infeasible)"
-            if variant == "kromhc" and factors is None and "n/a" not in count:
+            if variant == "kromhc" and not fields["hc_factors"] and "n/a" not in count:
                 count += " *"
             row.append(count)
         rows.append(row)
     return (f"{paper.PARAMS_VS_N_FIGURE}: parameters per HC layer against n, C = {C}, with the norm weight;\n"
             f"KromHC with i_k = 2 (n = 2^K); * = other n, prime factors <= 5; mHC-lite refused above "
             f"n = {MHC_LITE_MAX_STREAMS}; go-mHC at s = 2.\n\n"
-            + text_table(["n", *(paper.METHOD_NAMES[v] for v in HC_VARIANTS)], rows))
+            + text_table(["n", *(connections.label(v) for v in family)], rows))
 
 
 def custom_table(depth, n, factors, width):
     from nanochat.gpt import model_config_from_depth
     C = width or model_config_from_depth(depth, vocab_size=64, sequence_len=64).n_embd
     rows = []
-    for variant in (*HC_VARIANTS, *OTHER_VARIANTS):
-        f = factors if variant == "kromhc" else None
-        m = 1 if variant == "attnres" else n  # frac: m = n fractions; attnres: one read per sub-layer, and a final one
+    for variant, spec in connections.specs().items():
+        fields = dict(hc_streams=n) if spec.streams else {}
+        if factors and "hc_factors" in getattr(connections.VARIANTS[variant], "FIELDS", {}):
+            fields["hc_factors"] = list(factors)
         if variant == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
-            rows.append([paper.METHOD_NAMES[variant], f"refused: n > {MHC_LITE_MAX_STREAMS}", "", ""])
+            rows.append([spec.label, f"refused: n > {MHC_LITE_MAX_STREAMS}", "", ""])
             continue
         try:
-            rows.append([paper.METHOD_NAMES[variant], f"{hc_layer_params(variant, m, C, f):,}",
-                         f"{model_hc_params(variant, m, C, depth, f):,}",
-                         f"{model_hc_params(variant, m, C, depth, f, norm_weight=False):,}"])
+            total = connection_params(variant, depth, C, **fields)
+            rows.append([spec.label, f"{total / (2 * depth):,.0f}", f"{total:,}",
+                         f"{connection_params(variant, depth, C, hc_norm_weight=False, **fields):,}"])
         except ValueError as e:
-            rows.append([paper.METHOD_NAMES[variant], f"n/a: {e}", "", ""])
+            rows.append([spec.label, f"n/a: {e}", "", ""])
     return (f"n = {n}, D = {depth} (C = {C}, L = {2 * depth})"
             + (f", KromHC factors {'x'.join(map(str, factors))}" if factors else "") + "\n\n"
-            + text_table(["variant", "per layer", "model", "model, no norm w."], rows))
+            + text_table(["variant", "mean per layer", "model", "model, no norm w."], rows))
 
 
 def model_size_table():
@@ -201,15 +220,16 @@ def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYO
     parameters (counted as matmuls), and the stream work it leaves out (stream_mix_flops)."""
     from nanochat.gpt import GPT, model_config_from_depth
     rows = []
-    for variant in ("residual",) + tuple(v for v in HC_VARIANTS if v != "go_mhc"):
+    sized = [v for v, spec in connections.specs().items() if spec.stream_flops is not None]
+    for variant in ("residual", *sized):  # the baseline, then every variant that sizes its stream work
         config = model_config_from_depth(depth, layout["vocab_size"], 2048, value_embeds=layout["value_embeds"],
                                          hc=variant, hc_streams=0 if variant == "residual" else n)
         with torch.device("meta"):
             model = GPT(config)
         counted = model.estimate_flops()
         projections = 6 * model.param_counts()["connections"]
-        left_out = 0 if variant == "residual" else 2 * depth * stream_mix_flops(variant, n, config.n_embd)
-        rows.append([paper.METHOD_NAMES[variant], f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
+        left_out = 0 if variant == "residual" else connections.spec(variant).stream_flops(config)
+        rows.append([connections.label(variant), f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
                      f"{100 * left_out / counted:.2f}%"])
     return (f"FLOP convention at D={depth}, n={n} (GPT.estimate_flops; compute multipliers are in these FLOPs):\n"
             "counted: 6 per matmul weight and token, connection projections included, and attention 12·h·d·window\n"
@@ -290,18 +310,38 @@ def collapse_table(stats):
     return text_table(header, rows)
 
 
-def print_reads(run_dir, stats, source, block_size):
-    """Block Attention Residuals: the mean weight each read puts on its sources."""
-    L = len(stats["layers"])
-    print(f"{run_dir}: {stats['variant']} (Block Attention Residuals, a baseline), block size {block_size} "
-          f"sub-layers ({math.ceil(L / block_size)} blocks; default size {default_block_size(L)}), step {stats['step']}, "
-          f"{stats['tokens']} tokens from {source}\n")
+def variant_line(run_dir, stats, config, source):
+    """The first line of a checkpoint's printout: run, variant (label and own settings), step, tokens."""
+    spec = connections.spec(config.hc)
+    settings = f", {spec.settings(config)}" if spec.settings else ""
+    return (f"{run_dir}: {stats['variant']} ({spec.label}){settings}, step {stats['step']}, {stats['tokens']} tokens "
+            f"from {source}")
+
+
+def print_reads(run_dir, stats, source, config):
+    """A wiring that reads earlier states (Attention Residuals): the mean weight each read
+    puts on its sources."""
+    print(variant_line(run_dir, stats, config, source) + "\n")
     rows = [[l["index"], l["sublayer"], l["sources"], f"{l['entropy']:.2f} / {math.log(l['sources']):.2f}",
              " ".join(f"{w:.2f}" for w in l["source_weights"])] for l in stats["layers"]]
     print(text_table(["layer", "F", "sources", "entropy / max", "mean weight per source (b_0 = x0 first)"], rows))
     print("Each read is a softmax over its sources (the embedding, the closed blocks, then its own block's partial\n"
           "sum): at init every query is zero and the read is their plain mean (entropy = log of the count).\n"
           "Doubly-stochastic, composite and stream-collapse measures: not applicable (no streams, no H_res).")
+
+
+def print_states(run_dir, stats, source, config):
+    """A wiring whose layers record no coefficients: the stream RMS each layer received and the
+    collapse measures of the final state."""
+    print(variant_line(run_dir, stats, config, source) + "\n")
+    rows = [[l["index"], l["sublayer"], " ".join(f"{r:.2f}" for r in l["stream_rms"])] for l in stats["layers"]]
+    print(text_table(["layer", "F", "stream RMS"], rows))
+    final = stats["final"]
+    if final:
+        print(f"final state: {final['effective_streams']:.2f} effective streams, dominant share "
+              f"{final['dominant_share']:.2f}")
+    print("This wiring records no H_res and no read weights: the doubly-stochastic and composite measures are not "
+          "applicable.")
 
 
 def report_checkpoint(args):
@@ -318,12 +358,13 @@ def report_checkpoint(args):
     stats.update(step=meta.get("step", args.step), tokens_source=source)
     path = os.path.join(run_dir, "hc_stats.json")
     atomic_write(path, json.dumps(stats, indent=1))
-    if stats.get("doubly_stochastic") == NOT_APPLICABLE:
-        print_reads(run_dir, stats, source, model.config.attnres_block_size)
+    if "composite_col_mae" not in stats:  # no H_res: the reads, or the states alone
+        reads = all("source_weights" in layer for layer in stats["layers"])
+        (print_reads if reads else print_states)(run_dir, stats, source, model.config)
         print(f"\nwrote {path}")
         return
-    print(f"{run_dir}: {stats['variant']}, n = {stats['n']}, step {stats['step']}, {stats['tokens']} tokens from "
-          f"{source}; coefficients fp32, streams {stats['stream_dtype']}\n")
+    print(f"{variant_line(run_dir, stats, model.config, source)}, n = {stats['n']}; coefficients fp32, streams "
+          f"{stats['stream_dtype']}\n")
     print(layer_table(stats), end="\n\n")
     print(f"composite over {len(stats['layers'])} layers (float64 product of each token's H_res):")
     for key in ("composite_col_mae", "composite_row_mae", "composite_col_mae_max", "composite_row_mae_max",

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The torch the project is pinned to and tested with; TORCH_VERSION=X.Y.Z installs another one
-# (the declared floor in pyproject.toml is tested too: scripts/test.sh, README "Tests").
+# (the declared floor in pyproject.toml is tested too: scripts/test.sh, README "On a fresh machine").
 PINNED_TORCH=2.13.0
 TORCH_VERSION="${TORCH_VERSION:-$PINNED_TORCH}"
 PYTHON="${PYTHON:-python3}"

@@ -9,7 +9,7 @@ export VENV="${VENV:-.venv}"
 # With the kernels extra: the Liger/Triton tests run (on CPU, in Triton's interpreter), not skip.
 # With the eval extra: the export and lm-eval tests run (transformers, lm-eval), not skip.
 NANOCHAT_EXTRAS=dev,kernels,eval bash scripts/setup_env.sh
-# Tests are CPU-only and fp32 by design (see DESIGN.md section 10), whatever the machine.
+# Tests are CPU-only and fp32 by design (see docs/architecture.md, "Tests"), whatever the machine.
 # One thread per process: the tests use tiny tensors, for which thread hand-offs cost more
 # than they save (measured: the GPT tests run 3x faster), and some tests start 2 processes.
 export CUDA_VISIBLE_DEVICES="" NANOCHAT_DTYPE=float32 WANDB_MODE=disabled OMP_NUM_THREADS=1

@@ -57,6 +57,17 @@ def tokenizer_dir(tmp_path_factory, offline_corpus_dir):
     return directory
 
 
+@pytest.fixture(scope="module")
+def base_with_tokenizer(tmp_path_factory, tokenizer_dir):
+    """A base directory holding the tests' tokenizer, set as NANOCHAT_BASE_DIR for the module
+    (what an export reads its tokenizer from)."""
+    path = tmp_path_factory.mktemp("base")
+    shutil.copytree(tokenizer_dir, path / "tokenizer")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NANOCHAT_BASE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture(scope="session")
 def make_run():
     """A factory: make_run(run_dir, **config) writes what base_train leaves in a run directory

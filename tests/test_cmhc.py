@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
-from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                          assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
                           base, moved, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
@@ -88,7 +88,7 @@ def test_pre_norm_at_init_with_phi_zero_and_close_with_the_sources_phi():
 
 
 def test_causal_gradients_gradcheck_and_parameter_count():
-    assert_causal(tiny("cmhc", cmhc_beta=1.0))
+    assert_causal(tiny("cmhc", cmhc_beta=1.0), tokens())
     assert_diagnostics(tiny("cmhc", cmhc_beta=1.0))
     assert_every_connection_parameter_gets_a_gradient(tiny("cmhc", cmhc_beta=1.0))
     assert_gradcheck("cmhc", hc_streams=3, cmhc_beta=1.0)
@@ -100,7 +100,7 @@ def test_causal_gradients_gradcheck_and_parameter_count():
                                      dict(hc_expand="lss", hc_reduce="learned")], ids=str)
 def test_kv_cache_decode_equals_the_full_forward(options):
     """Another beta and the HC options (the default: test_engine.py)."""
-    assert_decodes_as_the_full_forward("cmhc", options)
+    assert_decodes_as_the_full_forward("cmhc", **options)
 
 
 def test_parameter_count_is_the_sources():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanochat.connections import VARIANTS
+from nanochat import connections
 from nanochat.connections.residual import RESID_LR_FRACTION
 from nanochat.report import paper
 from nanochat.report.runs import Run, beyond_paper, paper_key
@@ -19,7 +19,9 @@ GROUPS = ("paper", "n_scaling", "ablations", "cpu", "frontier")
 
 # The config keys: base_train flags with underscores.
 KNOWN_KEYS = set(FLAG_NAMES)
-PAPER_FAMILY = {"residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc"}
+VARIANTS = set(connections.VARIANTS)
+# The paper's rows and the project's ablations of them (the cpu demo's variants).
+PAPER_FAMILY = {name for name, spec in connections.specs().items() if not spec.beyond_paper}
 # A paper reference in a header: "Table 3 (tab:loss)", "Figures 5 and 8 (fig:...", or the
 # appendix section that has neither.
 CITATION = re.compile(r"(Tables?|Figures?) \d+[^()]*\((tab|fig):|Appendix \"Factorization Choices\"|"
@@ -162,9 +164,10 @@ def test_frontier_configs_are_the_paper_run_of_their_variant_plus_one_option():
 
 
 def test_frontier_variants_share_the_paper_runs_settings():
-    """The variants beyond the paper's family (go_mhc, frac, attnres) at D=12 train with the
-    paper's D=12 settings (those of its mHC run) and differ only in the connection."""
-    connection = {"hc", "hc_streams", "hc_sk_iters", *(f for m in VARIANTS.values() for f in getattr(m, "FIELDS", {}))}
+    """Every registered variant beyond the paper (go_mhc, frac, attnres, ...) has a D=12
+    frontier config with the paper's D=12 settings (those of its mHC run), differing only in
+    the connection (its own fields among them)."""
+    connection = {"hc", "hc_streams", "hc_sk_iters", *connections.variant_fields()}
     base = load(CONFIG_ROOT / "paper" / "d12_mhc.toml")
     variants = {}
     for path in config_files("frontier"):
@@ -176,7 +179,7 @@ def test_frontier_variants_share_the_paper_runs_settings():
         run = as_run(path)
         assert run.options == () and paper_key(run) is None and beyond_paper(run)
         variants[config["hc"]] = config
-    assert set(variants) == set(VARIANTS) - PAPER_FAMILY  # every variant beyond the paper has its D=12 run
+    assert set(variants) == {name for name, spec in connections.specs().items() if spec.beyond_paper}
     assert variants["go_mhc"]["hc_streams"] == variants["frac"]["hc_streams"] == 4
     assert variants["attnres"]["attnres_block_size"] == 3  # 24 modules in ~8 blocks, the default at D=12
 
@@ -223,8 +226,7 @@ def test_config_resolves_through_base_train_and_builds_its_model(path):
     with torch.device("meta"):
         model = GPT(config)
     assert len(model.connections.layers) == 2 * args.depth
-    single = args.hc in ("residual", "attnres") or getattr(VARIANTS[args.hc], "SPEC", {}).get("state") == "single"
-    assert model.connections.n == (1 if single else (args.hc_streams or 4))
+    assert model.connections.n == (args.hc_streams or 4 if connections.spec(args.hc).streams else 1)
     groups = model.param_groups()
     assert not any(g["kind"] == "muon" and g["name"] == "hc" for g in groups)
     for world in ((1,) if args.device_type == "cpu" else (1, 8)):

@@ -128,7 +128,7 @@ def test_params_lists_the_variants_beyond_the_family(capsys):
     out = capsys.readouterr().out
     beyond = out.split("Beyond the paper's family")[1].split("Table")[0]
     rows = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in beyond.splitlines() if line[:2] in ("go", "Fr", "Bl")}
-    assert rows["Frac-Connections (m = 4)"] == ["11,976", "46,992"]  # HC_2026.md: the paper's formula at d6, d12
+    assert rows["Frac-Connections (m = 4)"] == ["11,976", "46,992"]  # the Frac paper's formula at d6, d12
     assert rows["Block AttnRes (baseline)"] == [f"{13 * 768:,}", "38,400"]
     assert rows["go-mHC (n = 4, s = 2)"] == [f"{model_hc_params('go_mhc', 4, C, d):,}" for d, C in ((6, 384), (12, 768))]
     custom = out.split("n = 4, D = 12")[1]

@@ -504,7 +504,7 @@ def test_gpt2_reference_csvs_parse_and_center_consistently():
             assert centered_accuracy(accuracy, baselines[task]) == pytest.approx(centered, abs=2e-6)
         assert core == pytest.approx(sum(c for _, c in rows.values()) / len(rows), abs=2e-6)
         cores[path.stem] = core
-    # nanochat's published GPT-2 CORE values (NANOCHAT.md 5.5)
+    # nanochat's published GPT-2 CORE values
     assert cores["openai-community-gpt2"] == pytest.approx(0.1139, abs=1e-4)
     assert cores["openai-community-gpt2-xl"] == pytest.approx(0.256525, abs=1e-6)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
-from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                          assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
                           base, fp64_trunk, random_branches, tiny, tiny_config, tokens, with_prenorm_body)  # noqa: F401
@@ -73,7 +73,7 @@ def test_matches_the_papers_update(source, gate):
 @pytest.mark.parametrize("source, gate", [("full", "zero"), ("block", "sigmoid_vector")])
 def test_causal_gradients_gradcheck_and_parameter_count(source, gate):
     fields = dict(dar_source=source, dar_gate=gate)
-    assert_causal(tiny("dar", **fields))
+    assert_causal(tiny("dar", **fields), tokens())
     assert_diagnostics(tiny("dar", **fields))
     assert_every_connection_parameter_gets_a_gradient(tiny("dar", **fields), without=FIRST_READ)
     assert_gradcheck("dar", n_layer=2, **fields)
@@ -84,7 +84,7 @@ def test_causal_gradients_gradcheck_and_parameter_count(source, gate):
 @pytest.mark.parametrize("source, gate", [("block", "sigmoid_vector"), ("full", "none")])
 def test_kv_cache_decode_equals_the_full_forward(source, gate):
     """The default (full, zero gate): test_engine.py."""
-    assert_decodes_as_the_full_forward("dar", dict(dar_source=source, dar_gate=gate))
+    assert_decodes_as_the_full_forward("dar", dar_source=source, dar_gate=gate)
 
 
 def test_parameter_counts_are_the_published_ones():
@@ -99,7 +99,7 @@ def test_parameter_counts_are_the_published_ones():
 @pytest.mark.parametrize("overrides, message", [
     (dict(dar_source="delta_v"), "unknown dar_source='delta_v'"),
     (dict(dar_gate="bias"), "unknown dar_gate='bias'"),
-    (dict(hc_streams=4), "has a single state"),
+    (dict(hc_streams=4), "got hc_streams=4. Drop --hc-streams"),
 ])
 def test_bad_configurations_are_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -67,7 +67,7 @@ def test_layer_formula_equals_numel(variant, n, factors, alpha_shared, norm_weig
 
 
 def test_formula_terms():
-    """The DESIGN formula nC(2n+R) + (2n+R) + 3 + nC, spelled out once per R."""
+    """The HC layer formula nC(2n+R) + (2n+R) + 3 + nC, spelled out once per R."""
     n, C = 4, 768
     for variant, R in (("mhc", 16), ("hc", 16), ("mhc_lite", 24), ("kromhc", 4)):
         assert hc_layer_params(variant, n, C) == n * C * (2 * n + R) + (2 * n + R) + 3 + n * C

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from nanochat import engine
-from nanochat.core_eval import evaluate_core
+from nanochat import connections, engine
 from nanochat.connections import VARIANTS
+from nanochat.core_eval import evaluate_core
 from nanochat.gpt import GPTConfig, StaticKVCache, build_model
 from test_core_eval import REAL_BUNDLE, ByteTokenizer, needs_real_bundle
 
 VOCAB = 64
-STREAMLESS = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")
+STREAMLESS = tuple(name for name, spec in connections.specs().items() if not spec.streams)
 # Every variant with its defaults, then every HC option (delayed pre-weights, DeepSeek-V4's
 # learned head, Learned Stream Scaling) on an HC variant of its own.
 CASES = [(v, {}) for v in VARIANTS] + [

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from nanochat import connections
-from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
-from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                          assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, fp64_trunk, random_branches, tiny, tiny_config)  # noqa: F401
+                          base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401
 
 
 def reference_read(read, X):
@@ -53,7 +53,7 @@ def test_init_gates_are_one_half_and_one():
 @pytest.mark.parametrize("fields", [dict(), dict(hc_streams=2, gated_rank=1, hc_norm_weight=False)], ids=str)
 def test_equals_prenorm_at_init_and_is_causal(fields):
     assert_equals_prenorm_at_init("gated", **fields)
-    assert_causal(tiny("gated", **fields))
+    assert_causal(tiny("gated", **fields), tokens())
     assert_diagnostics(tiny("gated", **fields))
 
 
@@ -66,7 +66,7 @@ def test_gradients_gradcheck_and_parameter_count():
 
 def test_kv_cache_decode_equals_the_full_forward():
     """The default (rank C / 8, with g): test_engine.py."""
-    assert_decodes_as_the_full_forward("gated", dict(gated_rank=1, hc_norm_weight=False))
+    assert_decodes_as_the_full_forward("gated", gated_rank=1, hc_norm_weight=False)
 
 
 def test_default_rank_is_the_releases_ratio():

@@ -124,7 +124,7 @@ def test_width_from_depth_matches_nanochat():
         from nanochat.gpt import GPT
         model = GPT(model_config_from_depth(12, 32768, 2048))
     counts = model.param_counts()
-    # d12 counts from nanochat at commit 4d8dbaf (reference/NANOCHAT.md, table in 1.2)
+    # d12 counts from nanochat at commit 4d8dbaf
     assert counts["transformer_matrices"] == 84_935_808
     assert counts["value_embeds"] == 150_994_944
     assert counts["lm_head"] == counts["wte"] == 25_165_824

@@ -29,7 +29,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     for depth in (1, 2):
         rows = {r["label"]: r for r in model if r["depth"] == depth}
         for r in rows.values():
-            assert r["median_ms"] > 0 and r["tokens_per_s"] > 0 and r["n"] == (1 if r["variant"] in bench.STREAMLESS else 4)
+            assert r["median_ms"] > 0 and r["tokens_per_s"] > 0 and r["n"] == (4 if bench.has_streams(r["variant"]) else 1)
             assert r["vs_residual"] == pytest.approx(r["ms_per_token"] / rows["residual"]["ms_per_token"])
             assert r["vs_mhc"] == pytest.approx(r["ms_per_token"] / rows["mhc"]["ms_per_token"])
         assert rows[gpu_check.FULL_CAUSAL]["window_pattern"] == "L"

@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import shutil
 import site
 import subprocess
 import sys
@@ -55,13 +54,8 @@ GREEDY_TOKENS, NEW_TOKENS = 32, 8
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory, tokenizer_dir):
-    """A base directory with the tests' tokenizer, set as NANOCHAT_BASE_DIR."""
-    path = tmp_path_factory.mktemp("hf_base")
-    shutil.copytree(tokenizer_dir, path / "tokenizer")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NANOCHAT_BASE_DIR", str(path))
-        yield path
+def base(base_with_tokenizer):
+    return base_with_tokenizer
 
 
 @pytest.fixture(scope="module")

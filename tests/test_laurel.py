@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
-from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                          assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, fp64_trunk, random_branches, tiny, tiny_config)  # noqa: F401
+                          base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401
 
 FORMS = ("rw", "lr", "rw_lr")
 
@@ -55,7 +55,7 @@ def test_the_low_rank_init_is_column_orthogonal():
 
 @pytest.mark.parametrize("form", FORMS)
 def test_causal_gradients_gradcheck_and_parameter_count(form):
-    assert_causal(tiny("laurel", **fields(form)))
+    assert_causal(tiny("laurel", **fields(form)), tokens())
     assert_diagnostics(tiny("laurel", **fields(form)))
     assert_every_connection_parameter_gets_a_gradient(tiny("laurel", **fields(form)))
     assert_gradcheck("laurel", **fields(form, rank=2))
@@ -65,7 +65,7 @@ def test_causal_gradients_gradcheck_and_parameter_count(form):
 @pytest.mark.parametrize("form", ("rw", "lr"))
 def test_kv_cache_decode_equals_the_full_forward(form):
     """The default form: test_engine.py."""
-    assert_decodes_as_the_full_forward("laurel", fields(form))
+    assert_decodes_as_the_full_forward("laurel", **fields(form))
 
 
 def test_parameter_count_is_the_factorys():
@@ -80,7 +80,7 @@ def test_parameter_count_is_the_factorys():
     (dict(laurel_rank=0), "laurel_rank=0 must be a whole number from 1 to the width 32"),
     (dict(laurel_rank=33), "from 1 to the width 32"),
     (dict(laurel_form="rw", laurel_rank=8), "applies to the low-rank forms"),
-    (dict(hc_streams=4), "has a single state"),
+    (dict(hc_streams=4), "got hc_streams=4. Drop --hc-streams"),
 ])
 def test_bad_configurations_are_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_engine import test_static_cache_decode_equals_the_full_forward as assert_decodes_as_the_full_forward
-from test_prenorm import (assert_causal, assert_diagnostics, assert_equals_prenorm_at_init,
+from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                          assert_equals_prenorm_at_init,
                           assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                           assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
                           base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401
@@ -67,7 +67,7 @@ def test_zero_queries_read_the_mean():
 
 
 def test_causal_gradients_gradcheck_and_parameter_count():
-    assert_causal(tiny("mhar"))
+    assert_causal(tiny("mhar"), tokens())
     assert_diagnostics(tiny("mhar"))
     assert_every_connection_parameter_gets_a_gradient(tiny("mhar"), without=FIRST_READ)
     assert_gradcheck("mhar", n_layer=1, mhar_heads=2)
@@ -78,7 +78,7 @@ def test_causal_gradients_gradcheck_and_parameter_count():
 
 def test_kv_cache_decode_equals_the_full_forward():
     """The default (n_kv_head heads): test_engine.py."""
-    assert_decodes_as_the_full_forward("mhar", dict(mhar_heads=4))
+    assert_decodes_as_the_full_forward("mhar", mhar_heads=4)
 
 
 def test_default_heads_are_the_kv_heads():
@@ -88,7 +88,7 @@ def test_default_heads_are_the_kv_heads():
 @pytest.mark.parametrize("overrides, message", [
     (dict(mhar_heads=3), "mhar_heads=3 does not divide n_embd=32"),
     (dict(mhar_heads=-1), "must be a whole number of heads"),
-    (dict(hc_streams=4), "has a single state"),
+    (dict(hc_streams=4), "got hc_streams=4. Drop --hc-streams"),
 ])
 def test_bad_configurations_are_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -12,9 +12,11 @@ from torch.func import functional_call
 from nanochat import connections
 from nanochat.connections.diagnostics import collect_hc_stats
 from nanochat.gpt import GPTConfig, build_model
+import wiring_checks
 from test_cli_errors import TRAIN, assert_one_error, run_cli
 from test_gpt import randomize
 from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (a fixture)
+from wiring_checks import assert_causal, assert_decode_matches
 
 VOCAB = 64
 
@@ -29,8 +31,13 @@ def tiny(hc, seed=0, **fields):
     return build_model(tiny_config(hc, **fields), "cpu")
 
 
-def tokens(B=2, T=16, seed=3):
-    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+def tokens(seed=3):
+    return wiring_checks.tokens(VOCAB, seed, T=16)
+
+
+def assert_decodes_as_the_full_forward(hc, **fields):
+    """Prefill, then one token at a time through the KV cache: the full forward's logits."""
+    assert_decode_matches(randomize(tiny(hc, **fields), seed=4), tokens())
 
 
 def with_prenorm_body(hc, **fields):
@@ -51,17 +58,6 @@ def assert_equals_prenorm_at_init(hc, atol=1e-5, adjust=None, **fields):
         adjust(model)
     idx = tokens()
     torch.testing.assert_close(model(idx), reference(idx), atol=atol, rtol=atol)
-
-
-def assert_causal(model):
-    """Changing token 10 leaves the logits before it unchanged and changes those after."""
-    idx = tokens()
-    changed = idx.clone()
-    changed[:, 10] = (changed[:, 10] + 1) % VOCAB
-    with torch.no_grad():
-        a, b = model(idx), model(changed)
-    torch.testing.assert_close(a[:, :10], b[:, :10], atol=0, rtol=0)
-    assert not torch.allclose(a[:, 10:], b[:, 10:])
 
 
 def connection_gradients(model):
@@ -163,7 +159,7 @@ def test_prenorm_has_no_parameters_is_causal_and_passes_gradcheck():
     model = randomize(tiny("prenorm"))
     assert_params_match_spec("prenorm")
     assert not list(model.connections.parameters())
-    assert_causal(model)
+    assert_causal(model, tokens())
     assert_diagnostics(model)
     assert_gradcheck("prenorm")  # in x0 alone
 
@@ -179,7 +175,7 @@ def test_prenorm_differs_from_the_residual_row_only_by_its_scalars():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(hc_streams=4), "has a single state, no streams"),
+    (dict(hc_streams=4), "hc=.prenorm. has one stream; got hc_streams=4"),
     (dict(hc_recompute=True), "hc_recompute does not apply to hc='prenorm'"),
     (dict(hc_kernels="liger"), "no kernels for hc='prenorm'"),
     (dict(hc_expand="lss"), "not hc='prenorm' \\(a single stream\\)"),

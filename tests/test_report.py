@@ -295,7 +295,7 @@ def test_paper_averages_match_their_rows():
 
 
 def test_paper_delta_params_match_formula():
-    """Table 3's ΔParams against the per-layer formula with the norm weight (DESIGN.md:
+    """Table 3's ΔParams against the per-layer formula with the norm weight (docs/connections.md, "Parameter accounting":
     within 0.2%), at n = 4 with 2 HC layers per block."""
     from nanochat.connections.diagnostics import hc_layer_params
     for (depth, method), result in paper.MAIN.items():

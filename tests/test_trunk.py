@@ -88,6 +88,9 @@ class CarryReduce(SumReduce):
 
 def test_a_variant_carries_state_between_layers_without_touching_gpt(monkeypatch):
     counting = types.SimpleNamespace(
+        SPEC=dict(label="Counting", description="a residual add carrying the sum of the branch outputs",
+                  source="tests", state="single", has_h_res=False, in_paper=False, equals_prenorm_at_init=False,
+                  params=lambda cfg: 2 * cfg.n_layer),
         resolve=lambda cfg: setattr(cfg, "hc_streams", 1),
         make_layers=lambda cfg: [CountingLayer() for _ in range(2 * cfg.n_layer)],
         make_reduce=lambda cfg: CarryReduce())

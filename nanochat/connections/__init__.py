@@ -6,16 +6,20 @@ each u -> F(u) with its own pre-norm) and returns the folded (B, T, C) state. In
 `expand` makes the stream state (trunk.py), each layer runs
 `layer.step(X, branch, x0, carry) -> (X_next, carry)`, and `reduce` folds the result. The
 carry is whatever a variant passes from one layer to the next (None unless it needs one:
-the delayed pre-weights of hc_pre = delayed, attnres's block states); it reaches `reduce`
-too. Called on its own, a layer runs one step with nothing carried in:
-`layer(X, branch, x0) -> X_next`.
+the delayed pre-weights of hc_pre = delayed, attnres's block states, a block-level wiring's
+block outputs); it reaches `reduce` too. Called on its own, a layer runs one step with
+nothing carried in: `layer(X, branch, x0) -> X_next`.
 
-Adding a variant means adding a module and one line in `VARIANTS`. A variant module exposes
-`resolve(cfg)` (validate and fill its config fields in place), `make_layers(cfg)` (the
-2 * n_layer layers) and optionally `param_groups(layers, lrs)`, `make_expand(cfg)` and
-`make_reduce(cfg)` (when its state is not the n streams of the HC family), `OWN_STATE` (a
-few words naming that state: the HC options then do not apply to it) and `FIELDS` (its own
-config fields with their defaults, which every other variant refuses to see changed).
+Adding a variant means adding a module and one line in `VARIANTS` (docs/connections.md,
+"Adding a wiring"). A variant module declares `SPEC` (spec.py: display name, source, state,
+parameter count, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
+place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally `param_groups(layers,
+lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not the n streams of
+the HC family), `OWN_STATE` (a few words naming that state: the HC options then do not
+apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
+become GPTConfig fields and base_train flags, and which every other variant refuses to see
+changed). Everything else (bench, plan, hc_report, the report, the model card, the tests'
+lists) reads the registry through `specs()`.
 
 Optimizer groups: every connection parameter trains in AdamW at `hc_lr` (the paper's 0.005)
 in one group named "hc", unless the variant's module defines `param_groups(layers, lrs)`
@@ -28,15 +32,17 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, cmhc, dar, frac, gated, go_mhc, hc, kromhc, laurel, mhar, mhc, mhc_lite,
-                                  ops, prenorm, residual, trunk)
+from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, gated, go_mhc, hc, hc_identity, kromhc, laurel,
+                                  mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
 from nanochat.connections.diagnostics import record_state
+from nanochat.connections.spec import SpecError, spec_of
 
-# name -> module exposing `resolve(cfg)`, `make_layers(cfg)` and the optional hooks above.
+# name -> module declaring SPEC and exposing `resolve(cfg)`, `make_layers(cfg)` and the
+# optional hooks above; the order is the one tables and reports list the variants in.
 VARIANTS = {
     "residual": residual,
     "hc": hc,
-    "hc_identity": hc,
+    "hc_identity": hc_identity,
     "mhc": mhc,
     "mhc_lite": mhc_lite,
     "kromhc": kromhc,
@@ -44,15 +50,63 @@ VARIANTS = {
     "frac": frac,
     "attnres": attnres,
     "prenorm": prenorm,
+    "denseformer": denseformer,
+    "muddformer": muddformer,
     "laurel": laurel,
-    "cmhc": cmhc,
-    "gated": gated,
     "mhar": mhar,
     "dar": dar,
+    "cmhc": cmhc,
+    "gated": gated,
 }
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
 HC_OPTIONS = {"hc_expand": trunk.EXPANDS, "hc_reduce": trunk.REDUCES, "hc_pre": hc.PRES}
+
+
+
+
+def spec(name):
+    """The Spec of a registered variant (spec.py); ValueError for an unknown name, SpecError
+    for a module that does not declare what the project needs."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown connection variant hc={name!r}; choose one of {', '.join(VARIANTS)}")
+    return spec_of(name, VARIANTS[name])
+
+
+def specs(**where):
+    """{name: Spec} of every registered variant in registry order, those whose Spec
+    attributes equal `where` (e.g. state="streams", has_h_res=True)."""
+    found = {name: spec(name) for name in VARIANTS}
+    return {name: s for name, s in found.items() if all(getattr(s, k) == v for k, v in where.items())}
+
+
+def hc_family(name):
+    """Whether a variant keeps the HC family's n streams (SPEC state "streams", and its
+    module names no OWN_STATE): the HC options and Liger's kernels apply to it."""
+    return spec(name).streams and not hasattr(VARIANTS[name], "OWN_STATE")
+
+
+def label(name):
+    """A variant's display name; the name itself for one this version does not know (an old run's)."""
+    return spec(name).label if name in VARIANTS else name
+
+
+def variant_fields():
+    """{field: (default, help, parser or None, variant)} of every variant's own config
+    fields, in registry order (a module registered under two names counts once)."""
+    out, seen = {}, set()
+    for name, module in VARIANTS.items():
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        helps, types = getattr(module, "FIELD_HELP", {}), getattr(module, "FIELD_TYPES", {})
+        for field, default in getattr(module, "FIELDS", {}).items():
+            if field in out:
+                raise SpecError(f"config field {field!r} is declared by both hc={out[field][3]!r} and hc={name!r}")
+            if field not in helps:
+                raise SpecError(f"variant {name!r}: FIELD_HELP has no help for {field}")
+            out[field] = (default, helps[field], types.get(field), name)
+    return out
 
 
 class StreamConnections(nn.Module):
@@ -73,7 +127,10 @@ class StreamConnections(nn.Module):
         X = self.expand(x0)
         carry = None
         for layer, branch in zip(self.layers, branches):
+            X_in = X
             X, carry = layer.step(X, branch, x0, carry)
+            if getattr(layer, "capture", None) == {}:  # a layer that records nothing itself: its input state
+                record_state(layer.capture, X_in)
         if self.final_capture is not None:
             record_state(self.final_capture, X)
         return self.reduce(X, carry)
@@ -97,8 +154,9 @@ class StreamConnections(nn.Module):
     @contextmanager
     def capture(self):
         """Within the block every layer records the coefficients its forward used and the
-        state it received (see diagnostics.record_layer), and the trunk the final state
-        before reduce; yields {"layers": one dict per layer in forward order, "final": dict}.
+        state it received (see diagnostics.record_layer; a layer that records nothing gets
+        its input state recorded by the trunk), and the trunk the final state before reduce;
+        yields {"layers": one dict per layer in forward order, "final": dict}.
         For the uncompiled model only: a compiled graph does not see the flag."""
         records = {"layers": [{} for _ in self.layers], "final": {}}
         for layer, record in zip(self.layers, records["layers"]):
@@ -113,12 +171,13 @@ class StreamConnections(nn.Module):
 
 
 def resolve_fields(cfg):
-    """A variant's own fields (its module's FIELDS) keep their defaults under every other variant."""
+    """A variant's own fields (its module's FIELDS) keep their defaults under every other
+    variant; a list field given as a tuple (or None: unset) is made the list it stands for."""
     for name, module in VARIANTS.items():
-        if module is VARIANTS[cfg.hc]:
-            continue
         for field, default in getattr(module, "FIELDS", {}).items():
-            if getattr(cfg, field) != default:
+            if isinstance(default, list):
+                setattr(cfg, field, list(getattr(cfg, field) or []))
+            if module is not VARIANTS[cfg.hc] and getattr(cfg, field) != default:
                 raise ValueError(f"{field}={getattr(cfg, field)!r} only applies to hc={name!r} (got hc={cfg.hc!r}); "
                                  "drop it")
 
@@ -146,8 +205,7 @@ def resolve_options(cfg):
 def resolve_config(cfg):
     """Validate the config's hc fields and fill variant defaults, in place; one clear
     ValueError per mistake, raised at configuration time rather than mid-forward."""
-    if cfg.hc not in VARIANTS:
-        raise ValueError(f"unknown connection variant hc={cfg.hc!r}; choose one of {', '.join(VARIANTS)}")
+    spec(cfg.hc)
     resolve_fields(cfg)
     VARIANTS[cfg.hc].resolve(cfg)
     resolve_options(cfg)

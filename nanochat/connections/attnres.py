@@ -44,9 +44,10 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import record_reads
+from nanochat.connections.diagnostics import config_params, record_reads
 from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.flags import nonneg_int
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size
 # The state is block states, not the HC family's n streams: the HC options do not apply.
@@ -54,10 +55,32 @@ OWN_STATE = "block states"
 # The variant's own config field and its default (0: about BLOCKS blocks); other variants
 # refuse another value.
 FIELDS = {"attnres_block_size": 0}
+FIELD_HELP = {"attnres_block_size": "attnres: sub-layer modules per block (attention and MLP each count; 1 = Full "
+                                    "Attention Residuals; 0 = ceil(2 * depth / 8), the paper's ~8 blocks: 3 at "
+                                    "depth 12)"}
+FIELD_TYPES = {"attnres_block_size": nonneg_int({0: "about 8 blocks"})}
+SPEC = dict(
+    label="Block AttnRes (baseline)",
+    description="each sub-layer reads a softmax mix of the embedding and earlier block states (no streams, no H_res)",
+    source="arXiv 2603.15031",
+    state="single",
+    has_h_res=False,
+    in_paper=False,
+    # Every read starts as the plain mean of its sources, 1/k of the residual's sum, which the
+    # next RMSNorm (the sub-layer's, the head's) does not see: pre-norm to the norm's epsilon.
+    equals_prenorm_at_init=True,
+    params=config_params,  # 2C per read, 2 * n_layer reads and the final one
+    settings=lambda cfg: block_settings(cfg.attnres_block_size, 2 * cfg.n_layer),
+)
 
 
 def default_block_size(n_modules):
     return math.ceil(n_modules / BLOCKS)
+
+
+def block_settings(S, n_modules):
+    return (f"block size {S} sub-layers ({math.ceil(n_modules / S)} blocks; default size "
+            f"{default_block_size(n_modules)})")
 
 
 def source(v):
@@ -139,22 +162,14 @@ class FinalRead(DepthRead):
 
 
 def resolve(cfg):
-    if cfg.hc_streams not in (0, 1):
-        raise ValueError(f"hc='attnres' has no streams (it reads block states); got hc_streams={cfg.hc_streams}. "
-                         "Drop --hc-streams; --attnres-block-size sets its blocks")
-    cfg.hc_streams = 1
+    resolve_one_state(cfg, "has no streams (it reads block states)", "; --attnres-block-size sets its blocks",
+                      ": its reads keep no activations beyond the block states themselves")
     S = cfg.attnres_block_size
     if isinstance(S, bool) or not isinstance(S, int) or S < 0:
         raise ValueError(f"attnres_block_size={S!r} must be a whole number of modules >= 1 (1: Full Attention "
                          f"Residuals), or 0 for about {BLOCKS} blocks")
     if S == 0:
         cfg.attnres_block_size = default_block_size(2 * cfg.n_layer)
-    if cfg.hc_recompute:
-        raise ValueError("hc_recompute does not apply to hc='attnres': its reads keep no activations beyond the "
-                         "block states themselves; drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='attnres' (Liger's are made for HC streams); "
-                         "use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

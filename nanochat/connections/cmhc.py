@@ -37,11 +37,13 @@ import torch
 from torch import nn
 
 from nanochat.connections.hc import HyperConnection, layer_options, resolve_streams
+from nanochat.flags import nonneg_float
 
 PHI_STD = 0.02  # times 1 / sqrt(nC): the source's init of phi
 FIELDS = {"cmhc_beta": 4.0}
-FIELD_HELP = {"cmhc_beta": "leak beta >= 0 of H_res, gamma = min(1, beta / (2 * n_layer)) (0: H_res = I); "
+FIELD_HELP = {"cmhc_beta": "cmhc: leak beta >= 0 of H_res, gamma = min(1, beta / (2 * n_layer)) (0: H_res = I); "
                            "the source's runs: 4"}
+FIELD_TYPES = {"cmhc_beta": nonneg_float()}
 
 
 def layer_params(n, C, norm_weight=True):
@@ -58,6 +60,8 @@ SPEC = dict(
     in_paper=False,
     equals_prenorm_at_init=False,
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
+    baseline="mhc",
+    settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
 )
 
 

@@ -3,7 +3,7 @@
 2026 studies report that H_res stays near the identity after an early "seeding" stage and
 that signal concentrates in one dominant stream (arXiv 2606.03483), and that the Birkhoff
 constraint drives "identity degeneration" (arXiv 2603.20896). Neither text gives formulas
-that could be retrieved, so the measures are ours (reference/HC_2026.md section 1.2); each
+that could be retrieved, so the measures are ours (the sources describe them in words only); each
 is averaged over the tokens of a fixed batch:
 
 state X (per token n x C; e_s = |X[s]|^2, p_s = e_s / sum e)

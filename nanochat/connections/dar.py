@@ -32,20 +32,22 @@ rounds once more.
 import torch
 from torch import nn
 
-from nanochat.connections import attnres, prenorm
+from nanochat.connections import attnres
 from nanochat.connections.diagnostics import attnres_read_params, record_reads
 from nanochat.connections.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.flags import choice
 
-OWN_STATE = prenorm.OWN_STATE
+OWN_STATE = "one stream and the earlier outputs it reads"  # not the HC family's n streams
 SOURCES = {"full": 1, "block": 2}  # sub-layers per source
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
 FIELDS = {"dar_source": "full", "dar_gate": "zero"}
 FIELD_HELP = {
-    "dar_source": "full (x0 and every sub-layer output) | block (x0 and one delta per transformer block)",
-    "dar_gate": "zero (learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar | sigmoid_vector "
+    "dar_source": "dar: full (x0 and every sub-layer output) | block (x0 and one delta per transformer block)",
+    "dar_gate": "dar: zero (learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar | sigmoid_vector "
                 "(sigmoid of a learned scalar / per-channel vector from 0)",
 }
+FIELD_TYPES = {"dar_source": choice(*SOURCES), "dar_gate": choice(*GATES)}
 
 
 def gate_params(gate, C):
@@ -63,6 +65,8 @@ SPEC = dict(
     equals_prenorm_at_init=True,  # with the default zero gate
     params=lambda cfg: 2 * cfg.n_layer * (attnres_read_params(cfg.n_embd, cfg.hc_norm_weight)
                                           + gate_params(cfg.dar_gate, cfg.n_embd)),
+    baseline="prenorm",
+    settings=lambda cfg: f"{cfg.dar_source} sources, {cfg.dar_gate} gate",
 )
 
 
@@ -104,7 +108,8 @@ class DeltaLayer(ConnectionLayer):
 
 
 def resolve(cfg):
-    prenorm.resolve_single_state(cfg, own_flags="; --dar-source and --dar-gate set its form")
+    resolve_one_state(cfg, "has one stream", hint="; --dar-source and --dar-gate set its form",
+                      recompute_note=" (its reads keep nothing to recompute)")
     if cfg.dar_source not in SOURCES:
         raise ValueError(f"unknown dar_source={cfg.dar_source!r}; choose one of {', '.join(SOURCES)}")
     if cfg.dar_gate not in GATES:

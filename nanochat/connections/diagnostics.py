@@ -18,9 +18,10 @@ import torch
 from nanochat.connections.birkhoff import DEFAULT_GO_S, check_factors, default_factors, skew_generator_count
 from nanochat.connections.collapse import layer_measures, state_measures
 
-HC_VARIANTS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc")
-# Beyond the HC family: Frac-Connections (m fractions) and the Attention Residuals baseline.
-OTHER_VARIANTS = ("frac", "attnres")
+# The variants the HC layer formula counts (one projection W of 2n + R columns per layer);
+# frac, attnres and residual have their own formulas below. Each module's SPEC params reads
+# its count through config_params.
+HC_FORMULAS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc")
 NOT_APPLICABLE = "not applicable"
 
 
@@ -29,8 +30,8 @@ NOT_APPLICABLE = "not applicable"
 def res_logit_count(variant, n, factors=None, s=DEFAULT_GO_S):
     """R, the res columns of W: n^2 (hc, mhc), n! (mhc_lite), sum_k i_k! (kromhc), 0 (hc_identity),
     ns(ns-1)/2 (go_mhc with block size s)."""
-    if variant not in HC_VARIANTS:
-        raise ValueError(f"unknown hyper-connection variant {variant!r}; choose one of {', '.join(HC_VARIANTS)}")
+    if variant not in HC_FORMULAS:
+        raise ValueError(f"unknown hyper-connection variant {variant!r}; choose one of {', '.join(HC_FORMULAS)}")
     if n < 2:
         raise ValueError(f"{variant} needs n >= 2 streams (got {n})")
     if factors and variant != "kromhc":
@@ -101,6 +102,19 @@ def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_
             + trunk_params(n, C, expand, reduce, pre))
 
 
+def config_params(cfg):
+    """model_hc_params of a resolved model config: the SPEC params of the variants above."""
+    return model_hc_params(cfg.hc, cfg.hc_streams, cfg.n_embd, cfg.n_layer, cfg.hc_factors or None,
+                           cfg.hc_norm_weight, cfg.hc_alpha_shared, cfg.hc_expand, cfg.hc_reduce, cfg.hc_pre,
+                           cfg.hc_go_s)
+
+
+def config_stream_flops(cfg):
+    """stream_mix_flops of every layer of a resolved model config (SPEC stream_flops)."""
+    return 2 * cfg.n_layer * stream_mix_flops(cfg.hc, cfg.hc_streams, cfg.n_embd, cfg.hc_factors or None,
+                                              cfg.hc_sk_iters, cfg.hc_go_s)
+
+
 def stream_mix_flops(variant, n, C, factors=None, sk_iters=20, s=DEFAULT_GO_S):
     """Training FLOPs per token of one HC layer's work that GPT.estimate_flops does not count
     (forward x 3 for the backward): the RMSNorm over the n*C stream (~3nC), the pre and post
@@ -109,8 +123,8 @@ def stream_mix_flops(variant, n, C, factors=None, sk_iters=20, s=DEFAULT_GO_S):
     permutations for mhc_lite and per Kronecker factor for kromhc, plus the Kronecker product).
     These are memory-bound element-wise passes, not matmuls: the FLOP convention leaves them
     out, and this function says how much that is."""
-    if variant not in HC_VARIANTS:
-        raise ValueError(f"stream_mix_flops covers the HC variants {', '.join(HC_VARIANTS)} (got {variant!r})")
+    if variant not in HC_FORMULAS:
+        raise ValueError(f"stream_mix_flops covers the HC variants {', '.join(HC_FORMULAS)} (got {variant!r})")
     forward = 3 * n * C + 2 * n * C + 2 * n * C + (0 if variant == "hc_identity" else 2 * n * n * C)
     if variant == "mhc":
         forward += sk_iters * 2 * 3 * n * n  # exp-normalise rows, then columns, in log space
@@ -209,11 +223,26 @@ def read_stats(records, variant, n):
             "stream_dtype": records[0]["stream_dtype"], "doubly_stochastic": NOT_APPLICABLE, "layers": layers}
 
 
+def state_stats(records, variant, n, final=None):
+    """The diagnostics of a wiring whose layers record neither an H_res nor reads: per layer
+    the RMS of each stream of the state it received, and the collapse measures of the final
+    state; the doubly-stochastic ones are not applicable."""
+    layers = [{"index": j, "sublayer": "attn" if j % 2 == 0 else "mlp", "stream_rms": rec["stream_rms"].tolist()}
+              for j, rec in enumerate(records)]
+    return {"variant": variant, "n": n, "tokens": records[0]["gram"].flatten(0, -3).shape[0],
+            "stream_dtype": records[0]["stream_dtype"], "doubly_stochastic": NOT_APPLICABLE,
+            "final": state_measures(final["gram"]) if final else None, "layers": layers}
+
+
 def stats_from_records(records, variant, n, final=None):
     """The hc_stats dict from one captured forward: one record per layer in forward order,
-    and `final`, the record of the state before reduce."""
-    if "source_weights" in records[0]:
+    and `final`, the record of the state before reduce. Which measures apply depends on what
+    every layer recorded (record_layer: an H_res; record_reads: read weights; the trunk's
+    record_state alone: the state)."""
+    if all("source_weights" in rec for rec in records):
         return read_stats(records, variant, n)
+    if not all(rec.get("h_res") is not None for rec in records):
+        return state_stats(records, variant, n, final)
     layers, P = [], None
     for j, rec in enumerate(records):
         h = rec["h_res"]

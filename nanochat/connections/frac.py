@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanochat.connections.diagnostics import record_layer
+from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.ops import no_autocast, stream_sum
 from nanochat.connections.trunk import ConnectionLayer, Parameterless
@@ -50,6 +50,17 @@ SCALE_INIT = 0.01  # s_alpha and s_beta (Alg. 2)
 # The state is m fractions of the hidden state, not the HC family's n streams: the HC
 # options (hc_expand, hc_reduce, hc_pre) do not apply.
 OWN_STATE = "m fractions of the hidden state"
+SPEC = dict(
+    label="Frac-Connections",
+    description="the hidden state split into m fractions (--hc-streams m), mixed by dynamic per-fraction weights",
+    source="arXiv 2503.14125",
+    state="streams",
+    has_h_res=True,  # A^T, an m x m matrix
+    in_paper=False,
+    equals_prenorm_at_init=True,  # W = 0, B = 1, Y = A = I: X + F(X)
+    params=config_params,
+    stream_symbol="m",
+)
 
 
 class FracLayer(ConnectionLayer):

@@ -38,12 +38,14 @@ from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, no_autocast
 from nanochat.connections.trunk import ConnectionLayer
+from nanochat.flags import nonneg_int
 
 # The gates read and write the streams themselves: the HC options (expand, reduce, pre) do not apply.
 OWN_STATE = "n streams with gated reads and a mixer"
 RANK_DIVISOR = 8  # the release: rank 320 at C = 2560
 FIELDS = {"gated_rank": 0}
-FIELD_HELP = {"gated_rank": "rank r of the read gate's bottleneck, >= 1 (0: n_embd / 8, the release's ratio)"}
+FIELD_HELP = {"gated_rank": "gated: rank r of the read gate's bottleneck, >= 1 (0: n_embd / 8, the release's ratio)"}
+FIELD_TYPES = {"gated_rank": nonneg_int({0: "n_embd / 8"})}
 
 
 def default_rank(C):
@@ -62,10 +64,12 @@ SPEC = dict(
                 "write gate, grouped RMSNorm and a final mixer (Qwen3.8-Flash-Next)",
     source="Hugging Face transformers, models/qwen4_exp (Qwen4ExpTextGatedResidual); arXiv 2608.30320",
     state="streams",
-    has_h_res=False,
+    has_h_res=True,  # the identity, as hc_identity's
     in_paper=False,
     equals_prenorm_at_init=True,
     params=lambda cfg: model_params(cfg.hc_streams, cfg.n_embd, 2 * cfg.n_layer, cfg.gated_rank, cfg.hc_norm_weight),
+    baseline="prenorm",
+    settings=lambda cfg: f"rank {cfg.gated_rank}",
 )
 
 

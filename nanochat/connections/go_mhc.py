@@ -37,10 +37,29 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import DEFAULT_GO_S, orthostochastic, skew_generator_count
+from nanochat.connections.diagnostics import config_params, config_stream_flops
 from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.flags import positive_int
 
+SPEC = dict(
+    label="go-mHC",
+    description="n streams, H_res orthostochastic from a Cayley transform (exactly doubly stochastic)",
+    source="arXiv 2604.02309",
+    state="streams",
+    has_h_res=True,
+    in_paper=False,
+    equals_prenorm_at_init=False,
+    params=config_params,
+    stream_flops=config_stream_flops,
+    settings=lambda cfg: f"s={cfg.hc_go_s}",
+    baseline="mhc",  # it replaces mHC's Sinkhorn
+)
 # The variant's own config field and its default: other variants refuse another value.
 FIELDS = {"hc_go_s": DEFAULT_GO_S}
+FIELD_HELP = {"hc_go_s": "go_mhc: block size s of the orthostochastic H_res (1: orthostochastic; go-mHC recommends "
+                         "2); its skew-symmetric generator comes from the HC projection x'W, our choice (the source "
+                         "publishes no LM wiring)"}
+FIELD_TYPES = {"hc_go_s": positive_int()}
 
 
 class GoMHCLayer(HyperConnection):

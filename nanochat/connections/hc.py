@@ -1,5 +1,6 @@
 """The hyper-connection layer shared by hc, hc_identity, mhc, mhc_lite and kromhc, and the
-two unconstrained variants themselves.
+two unconstrained variants' layers (hc's registry entry is this module, hc_identity's is
+hc_identity.py).
 
 Convention (the H-convention, used everywhere in this package): a token's state X is
 n x C with one stream per row, and one layer computes
@@ -48,7 +49,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanochat.connections.diagnostics import record_layer
+from nanochat.connections.diagnostics import config_params, config_stream_flops, record_layer
 from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project
 from nanochat.connections.trunk import ConnectionLayer
 
@@ -58,6 +59,18 @@ ALPHA_INIT = 0.01
 # Res bias on the non-identity entries / permutations of the constrained variants (paper:
 # b_res = [0, -8]): H_res starts within a few e^-8 of the identity.
 OFF_IDENTITY_BIAS = -8.0
+SPEC = dict(
+    label="HC",
+    description="n streams, dynamic H_pre / H_post and an unconstrained H_res from one projection",
+    source="arXiv 2409.19606 (in the KromHC paper's appendix form)",
+    state="streams",
+    has_h_res=True,
+    in_paper=False,
+    beside_paper=True,
+    equals_prenorm_at_init=False,
+    params=config_params,
+    stream_flops=config_stream_flops,
+)
 
 
 class HyperConnection(ConnectionLayer):
@@ -201,6 +214,4 @@ def resolve(cfg):
 
 
 def make_layers(cfg):
-    """hc and hc_identity share this module; the config's variant name picks the layer."""
-    cls = HCIdentityLayer if cfg.hc == "hc_identity" else HCLayer
-    return [cls(j, cfg.hc_streams, cfg.n_embd, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]
+    return [HCLayer(j, cfg.hc_streams, cfg.n_embd, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]

@@ -15,10 +15,28 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import check_factors, default_factors, kron_factors, permutation_matrices
+from nanochat.connections.diagnostics import config_params, config_stream_flops
 from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.flags import factor_list
 
+SPEC = dict(
+    label="KromHC",
+    description="n streams, H_res a Kronecker product of small Birkhoff factors (exactly doubly stochastic)",
+    source="arXiv 2601.21579",
+    state="streams",
+    has_h_res=True,
+    in_paper=True,
+    equals_prenorm_at_init=False,
+    params=config_params,
+    stream_flops=config_stream_flops,
+    settings=lambda cfg: (f"factors {' x '.join(map(str, cfg.hc_factors))}"
+                          + ("" if cfg.hc_alpha_shared else ", one alpha_res per factor")),
+)
 # The variant's own config fields and their defaults: other variants refuse other values.
 FIELDS = {"hc_factors": [], "hc_alpha_shared": True}
+FIELD_HELP = {"hc_factors": "KromHC factorization of n, e.g. 2,2,2 or 4x2 (default: prime factors)",
+              "hc_alpha_shared": "KromHC: one alpha_res shared by all factors"}
+FIELD_TYPES = {"hc_factors": factor_list}
 
 
 class KromHCLayer(HyperConnection):

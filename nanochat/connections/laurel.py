@@ -30,17 +30,18 @@ import torch
 from torch import nn
 
 from nanochat.connections import prenorm
-from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.flags import choice, positive_int
 
 OWN_STATE = prenorm.OWN_STATE
 FORMS = ("rw", "lr", "rw_lr")
 FIELDS = {"laurel_form": "rw_lr", "laurel_rank": 16}
 FIELD_HELP = {
-    "laurel_form": "rw (alpha F(x) + beta x) | lr (F(x) + x + xAB) | rw_lr (alpha F(x) + beta (x + xAB))",
-    "laurel_rank": "rank r of the low-rank term xAB (lr and rw_lr), 1 .. n_embd",
+    "laurel_form": "laurel: rw (alpha F(x) + beta x) | lr (F(x) + x + xAB) | rw_lr (alpha F(x) + beta (x + xAB))",
+    "laurel_rank": "laurel: rank r of the low-rank term xAB (lr and rw_lr), 1 .. n_embd",
 }
+FIELD_TYPES = {"laurel_form": choice(*FORMS), "laurel_rank": positive_int()}
 
 
 def layer_params(form, rank, C):
@@ -56,13 +57,14 @@ SPEC = dict(
     in_paper=False,
     equals_prenorm_at_init=True,
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.laurel_form, cfg.laurel_rank, cfg.n_embd),
+    baseline="prenorm",
+    settings=lambda cfg: cfg.laurel_form + ("" if cfg.laurel_form == "rw" else f", rank {cfg.laurel_rank}"),
 )
 
 
 class LaurelLayer(ConnectionLayer):
     def __init__(self, form, rank, C):
         super().__init__()
-        self.capture = None  # a dict while StreamConnections.capture() is active
         self.w = nn.Parameter(torch.empty(2)) if "rw" in form else None
         self.A = nn.Parameter(torch.empty(C, rank)) if "lr" in form else None
         self.B = nn.Parameter(torch.empty(C, rank)) if "lr" in form else None  # B^T
@@ -82,19 +84,7 @@ class LaurelLayer(ConnectionLayer):
         """(alpha, beta) = 2 softmax(w), 0-dim each."""
         return (2 * torch.softmax(self.w.to(dtype), dim=0)).unbind()
 
-    def coefficients(self, X):
-        """n = 1, fp32: h_pre = 1, h_post = alpha, h_res = beta (1 without RW); the low-rank
-        term is not a stream mix and is not represented."""
-        ones = torch.ones(*X.shape[:-2], 1, device=X.device, dtype=torch.float32)
-        if self.w is None:
-            return ones, ones, ones.unsqueeze(-1)
-        with no_autocast(X):
-            alpha, beta = self.weights(torch.float32)
-        return ones, ones * alpha, (ones * beta).unsqueeze(-1)
-
     def step(self, X, branch, x0, carry):
-        if self.capture is not None:
-            record_layer(self.capture, X, *self.coefficients(X))
         x = X.squeeze(-2)
         y = branch(x)
         g = x if self.A is None else x + (x @ self.A.to(x.dtype)) @ self.B.to(x.dtype).t()
@@ -108,7 +98,7 @@ class LaurelLayer(ConnectionLayer):
 
 
 def resolve(cfg):
-    prenorm.resolve_single_state(cfg, own_flags="; --laurel-form and --laurel-rank set its form")
+    resolve_one_state(cfg, "has one stream", hint="; --laurel-form and --laurel-rank set its form")
     if cfg.laurel_form not in FORMS:
         raise ValueError(f"unknown laurel_form={cfg.laurel_form!r}; choose one of {', '.join(FORMS)}")
     r = cfg.laurel_rank

@@ -26,14 +26,17 @@ travel as the carry with their 1/rms; coefficients in fp32, reads accumulate in 
 
 import torch
 
-from nanochat.connections import attnres, prenorm
+from nanochat.connections import attnres
 from nanochat.connections.diagnostics import attnres_read_params
 from nanochat.connections.ops import no_autocast
+from nanochat.connections.trunk import resolve_one_state
+from nanochat.flags import nonneg_int
 
 OWN_STATE = "every earlier sub-layer output"  # not the HC family's n streams
 FIELDS = {"mhar_heads": 0}
-FIELD_HELP = {"mhar_heads": "heads H of each depth read, dividing n_embd (0: n_kv_head, the paper's "
+FIELD_HELP = {"mhar_heads": "mhar: heads H of each depth read, dividing n_embd (0: n_kv_head, the paper's "
                             "recommendation; 1: attnres with block size 1)"}
+FIELD_TYPES = {"mhar_heads": nonneg_int({0: "n_kv_head"})}
 
 SPEC = dict(
     label="MHAR",
@@ -45,6 +48,8 @@ SPEC = dict(
     in_paper=False,
     equals_prenorm_at_init=True,  # through the sub-layers' RMSNorm (the docstring)
     params=lambda cfg: (2 * cfg.n_layer + 1) * attnres_read_params(cfg.n_embd, cfg.hc_norm_weight),
+    baseline="prenorm",
+    settings=lambda cfg: f"{cfg.mhar_heads} heads",
 )
 
 
@@ -84,7 +89,8 @@ class FinalRead(attnres.FinalRead, MultiHeadRead):
 
 
 def resolve(cfg):
-    prenorm.resolve_single_state(cfg, own_flags="; --mhar-heads sets its heads")
+    resolve_one_state(cfg, "reads earlier sub-layer outputs, it has no streams", hint="; --mhar-heads sets its heads",
+                      recompute_note=" (its reads keep nothing to recompute)")
     H = cfg.mhar_heads
     if isinstance(H, bool) or not isinstance(H, int) or H < 0:
         raise ValueError(f"mhar_heads={H!r} must be a whole number of heads dividing n_embd, or 0 for n_kv_head")

@@ -21,7 +21,7 @@ Every forward and backward runs with autocast off: the matmuls here must stay in
 which autocast would round to the compute dtype. The compiled backward is traced apart
 from the forward, so the compiler is told below not to re-apply the forward's autocast.
 
-Backends (`hc_kernels`, DESIGN.md section 9): the choice between these ops and Liger's
+Backends (`hc_kernels`, docs/kernels.md): the choice between these ops and Liger's
 fused Triton kernels (liger.py) is made here, in `uses_liger`, and nowhere else; the
 layers only pass their config's choice along.
 

@@ -14,11 +14,21 @@ scales the whole stream, so it needs a far smaller one (nanochat's LOG, 2026-01-
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import record_layer
+from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.trunk import ConnectionLayer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
 OWN_STATE = "a single stream"  # not the HC family's n streams: the HC options do not apply
+SPEC = dict(
+    label="Residual",
+    description="one stream; before each block x = l_resid * x + l_x0 * x0, then x + F(x) per sub-layer",
+    source="nanochat",
+    state="single",
+    has_h_res=True,  # a 1 x 1 H_res, the effective stream scale l_resid
+    in_paper=True,
+    equals_prenorm_at_init=True,  # l_resid = 1, l_x0 = 0
+    params=config_params,  # 2 scalars per block
+)
 
 
 class ResidualLayer(ConnectionLayer):

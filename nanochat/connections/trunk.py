@@ -41,13 +41,44 @@ class ConnectionLayer(nn.Module):
     """One connection layer around one sub-layer. The trunk calls
     `step(X, branch, x0, carry) -> (X_next, carry)`; a layer that carries nothing passes the
     carry through. Calling the layer runs one step with nothing carried in and returns X_next
-    (tests, benchmarks and diagnostics use that form)."""
+    (tests, benchmarks and diagnostics use that form; a variant's SPEC `bench_layer` names the
+    layer the layer benchmark times that way)."""
 
     def step(self, X, branch, x0, carry):
         raise NotImplementedError
 
     def forward(self, X, branch, x0=None):
         return self.step(X, branch, x0, None)[0]
+
+
+class BlockLevelLayer(ConnectionLayer):
+    """A layer of a wiring that acts at block ends (DenseFormer, MUDDFormer): one state
+    (B, T, 1, C), and each sub-layer the pre-norm residual step x + F(branch_input(x, carry)).
+    After a block's last sub-layer (odd index) `block_end(x, x0, carry) -> (x, carry)` gives
+    the state the next block starts from and what is carried to it (e.g. the block outputs so
+    far); elsewhere the step passes the carry through. `branch_input` is the state itself
+    unless the wiring feeds the sub-layer from its carry (a state, or attention's (u_q, u_k,
+    u_v) triple). Called alone (carry None) a block end sees no earlier block output: the
+    embedding x0 and its own. Subclasses set `capture = None` to record nothing themselves
+    (the trunk then records the input state)."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.index = index
+        self.capture = None  # a dict while StreamConnections.capture() is active
+
+    def branch_input(self, x, carry):
+        return x
+
+    def block_end(self, x, x0, carry):
+        raise NotImplementedError
+
+    def step(self, X, branch, x0, carry):
+        x = X.squeeze(-2)
+        x = x + branch(self.branch_input(x, carry))
+        if self.index % 2 == 1:
+            x, carry = self.block_end(x, x0, carry)
+        return x.unsqueeze(-2), carry
 
 
 class Parameterless(nn.Module):
@@ -127,6 +158,20 @@ class CarriedPreReduce(Parameterless):
 
     def forward(self, X, carry):
         return mix_pre(carry, X, self.kernels)
+
+
+def resolve_one_state(cfg, state, hint="", recompute_note=""):
+    """The checks of a wiring with one state rather than HC streams, in place: hc_streams 0
+    or 1 (it becomes 1), and neither hc_recompute nor Liger's kernels (made for HC streams).
+    `state` says what it keeps instead, `hint` what shapes it."""
+    if cfg.hc_streams not in (0, 1):
+        raise ValueError(f"hc={cfg.hc!r} {state}; got hc_streams={cfg.hc_streams}. Drop --hc-streams{hint}")
+    cfg.hc_streams = 1
+    if cfg.hc_recompute:
+        raise ValueError(f"hc_recompute does not apply to hc={cfg.hc!r}{recompute_note}; drop it")
+    if cfg.hc_kernels == "liger":
+        raise ValueError(f"hc_kernels='liger' has no kernels for hc={cfg.hc!r} (Liger's are made for HC streams); "
+                         "use hc_kernels='torch' or 'auto'")
 
 
 def make_expand(cfg):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from nanochat import checkpoint
+from nanochat import checkpoint, connections
 from nanochat.hf.assemble import assemble, check_imports
 from nanochat.hf.configuration import MODEL_TYPE, NanochatHCConfig
 from nanochat.hf.model_card import model_card
@@ -74,6 +74,17 @@ def _plain_permissions(directory):
         path.chmod(0o666 & ~umask)
 
 
+def check_variant_ships(name):
+    """The export carries the package's own modules (assemble.py): a variant registered from
+    outside nanochat (an experiment's module) would be missing from the loaded model."""
+    module = connections.VARIANTS.get(name)
+    where = getattr(module, "__name__", "")
+    if not where.startswith("nanochat."):
+        raise ValueError(f"hc={name!r} is registered from outside the nanochat package ({where or type(module).__name__})"
+                         f" and an export carries only nanochat's modules; move its module into nanochat/connections/ "
+                         f"and add it to VARIANTS there")
+
+
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     """Write the export of run_dir's checkpoint (`step`, default the latest) to `out`, with
     the trained tokenizer (base_dir()/tokenizer), which must be the run's."""
@@ -83,6 +94,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     tokenizer_dir = default_tokenizer_dir()
     tokenizer = get_tokenizer(tokenizer_dir)
     model, meta = checkpoint.load_model(run_dir, step=step, device="cpu")
+    check_variant_ships(model.config.hc)
     step = meta["step"]
     check_vocab(tokenizer, model.config.vocab_size)
     config = hf_config(model.config, tokenizer.get_bos_token_id(), dtype)
@@ -91,7 +103,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     hf_model.model = model
     if dtype != "float32":
         hf_model.to(DTYPES[dtype])
-        model.connections.float()  # coefficients stay fp32 (DESIGN section 3), as on loading
+        model.connections.float()  # coefficients stay fp32 (docs/connections.md, "Precision"), as on loading
     counts = model.param_counts()
 
     out = Path(out)

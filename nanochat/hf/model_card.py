@@ -9,6 +9,7 @@ file holds is shown as a dash, never guessed.
 
 import dataclasses
 
+from nanochat import connections
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import core_score, load_run, train_loss, val_bpb
 
@@ -16,13 +17,14 @@ REPOSITORY = "nanochat-hc"
 
 
 def _variant_line(config):
-    if config.hc == "residual":
-        return "`residual` (nanochat's baseline: one stream, per-block resid/x0 scalars)"
-    line = f"`{config.hc}` with n = {config.hc_streams} streams"
-    if config.hc == "kromhc":
-        line += f", factors {' x '.join(map(str, config.hc_factors))}"
-        line += "" if config.hc_alpha_shared else ", one alpha_res per factor"
-    return line
+    """`kromhc` with n = 8 streams, factors 4 x 2 (KromHC, arXiv 2601.21579: what it does)."""
+    spec = connections.spec(config.hc)
+    line = f"`{config.hc}`"
+    if spec.streams:
+        line += f" with {spec.stream_symbol} = {config.hc_streams} streams"
+    if spec.settings:
+        line += f"{',' if spec.streams else ''} {spec.settings(config)}"
+    return line + f" ({spec.label}, {spec.source}: {spec.description})"
 
 
 def _yaml_header(run, config):

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from nanochat.report.figures import add_legend, save_figure, series
 from nanochat.report.format import MISSING, fmt, md_table
-from nanochat.report.runs import SINGLE_STATE, method_label, method_order, stability
+from nanochat.report.runs import method_label, method_order, single_state, stability
 
 # (key in the diagnostics, axis label): the two measures the figures show.
 FIGURE_MEASURES = (("effective_streams", "effective streams (participation ratio)"),
@@ -18,7 +18,7 @@ FIGURE_MEASURES = (("effective_streams", "effective streams (participation ratio
 def hc_runs(runs, depth=None):
     """The found runs with several streams (the residual baseline and Attention Residuals keep one
     state: nothing to collapse)."""
-    return sorted((r for r in runs if r.found and r.variant not in (*SINGLE_STATE, None)
+    return sorted((r for r in runs if r.found and r.variant is not None and not single_state(r.variant)
                    and (depth is None or r.depth == depth)), key=lambda r: (r.depth or 0, method_order(r)))
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from nanochat import connections
 from nanochat.report.format import fmt
 from nanochat.report.runs import method_label, params, seeds_of
 from nanochat.train_config import FLAG_DEFAULTS
@@ -60,7 +61,7 @@ def reconstructed_flops_per_token(run):
     import torch
     from nanochat.gpt import GPT, GPTConfig, model_config_from_depth
     settings = {**FLAG_DEFAULTS, **run.config}
-    for key in ("hc", "hc_streams", "hc_factors", "hc_alpha_shared", "hc_go_s", "attnres_block_size"):
+    for key in ("hc", "hc_streams", *connections.variant_fields()):
         if run.summary and run.summary.get(key) is not None:
             settings[key] = run.summary[key]
     head, width = params(run, "lm_head"), run.summary.get("model_dim") if run.summary else None

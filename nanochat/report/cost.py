@@ -8,6 +8,7 @@ measures them."""
 import json
 from pathlib import Path
 
+from nanochat import connections
 from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order
@@ -82,7 +83,7 @@ def cost_table(runs, depth, bench):
         variants += [v for v in dict.fromkeys(r["variant"] for r in bench["rows"]) if v not in variants]
     if not variants:
         return None
-    order = list(paper.METHOD_NAMES)
+    order = list(connections.VARIANTS)
     variants.sort(key=lambda v: order.index(v) if v in order else len(order))
     base = next((r for r in picked if r.variant == "residual"), None)
     modes = [m for m in ("eager", "compiled", "cudagraphs") if bench and any(r["mode"] == m for r in bench["rows"])]
@@ -91,7 +92,7 @@ def cost_table(runs, depth, bench):
     rows = []
     for variant in variants:
         run = next((r for r in picked if r.variant == variant), None)
-        cells = [method_label(run) if run else paper.METHOD_NAMES.get(variant, variant),
+        cells = [method_label(run) if run else connections.label(variant),
                  training_mode(run) if run else MISSING]
         for key in ("step_time", "peak_mem_mib"):
             value = _ratio(run.summary.get(key), base.summary.get(key)) if run and base else None

@@ -7,6 +7,7 @@ import statistics
 
 from matplotlib.figure import Figure
 
+from nanochat import connections
 from nanochat.report import paper
 from nanochat.report.runs import method_label, seeds_of
 from nanochat.report.tables import PARAMS_VS_N_CURVES, hc_params_per_layer, row_name
@@ -188,7 +189,7 @@ def plot_params_vs_n(path):
             ns = list(range(2, 17))
             counts = [hc_params_per_layer(variant, n, C) for n in ns]
         extra = "" if variant in paper.PARAMS_VS_N_METHODS else " (s=2, not in the paper)"
-        ax.plot(ns, counts, marker="o", label=paper.METHOD_NAMES[variant] + extra)
+        ax.plot(ns, counts, marker="o", label=connections.label(variant) + extra)
     ax.set_yscale("log")
     ax.set_xlabel("residual streams n")
     ax.set_ylabel(f"parameters per HC layer (C={C})")

@@ -1,13 +1,12 @@
 """The KromHC paper's published numbers, as data, for the report to print beside ours.
 
 Source: Zhou, Gu, Iacovides, Mandic, "KromHC: Manifold-Constrained Hyper-Connections with
-Kronecker-Product Residual Matrices", arXiv 2601.21579 (the LaTeX source in
-shared/paper/kromhc_paper.tex). Every number names the table or figure it comes from by its
-LaTeX label and by the number it gets when that source is compiled (tables and figures are
-numbered in source order: the comparison table is Table 1 and the notation table Table 2, so
-the main results are Table 3). DESIGN.md's "Table 2" and "Tables 3 and 4" are the same
-tables under the numbering of an earlier version: `tab:loss`, `tab:commonsense`,
-`tab:language_modeling`.
+Kronecker-Product Residual Matrices", arXiv 2601.21579 (its LaTeX source). Every number
+names the table or figure it comes from by its LaTeX label and by the number it gets when
+that source is compiled (tables and figures are numbered in source order: the comparison
+table is Table 1 and the notation table Table 2, so the main results are Table 3). An
+earlier version of the paper numbered the same tables "Table 2" and "Tables 3 and 4":
+`tab:loss`, `tab:commonsense`, `tab:language_modeling`.
 
 Variant names are the project's (`residual`, `mhc`, `mhc_lite`, `kromhc`); the paper's main
 tables use n = 4 streams, KromHC with factors 2 x 2 and a shared alpha_res.
@@ -15,19 +14,8 @@ tables use n = 4 streams, KromHC with factors 2 x 2 and a shared alpha_res.
 
 from dataclasses import dataclass
 
-# Display names, in the paper's row order; `hc` and `hc_identity` are this project's extras,
-# the last three the variants after the paper (Attention Residuals a baseline, not HC).
-METHOD_NAMES = {
-    "residual": "Residual",
-    "hc": "HC",
-    "hc_identity": "HC (H_res = I)",
-    "mhc": "mHC",
-    "mhc_lite": "mHC-lite",
-    "kromhc": "KromHC",
-    "go_mhc": "go-mHC",
-    "frac": "Frac-Connections",
-    "attnres": "Block AttnRes (baseline)",
-}
+# Display names and row order are the registry's (each variant module's SPEC label,
+# nanochat/connections): connections.label(name).
 PAPER_METHODS = ("residual", "mhc", "mhc_lite", "kromhc")
 PAPER_DEPTHS = (6, 12)
 PAPER_STREAMS = 4
@@ -134,7 +122,7 @@ N_SCALING_DEPTH = 12
 N_SCALING_DELTA_PARAMS_M = {4: 0.96, 8: 2.67, 16: 11.37}
 # Factorizations used: n = 2^K into 2 x ... x 2 (Section "Kronecker-Product Residual Matrices").
 N_SCALING_FACTORS = {4: (2, 2), 8: (2, 2, 2), 16: (2, 2, 2, 2)}
-# DESIGN.md ("Parameter accounting"): the n = 8 and n = 16 entries match no parameter
+# docs/connections.md ("Parameter accounting"): the n = 8 and n = 16 entries match no parameter
 # convention. The per-layer formula with the norm weight gives 3.39M and 12.09M; both paper
 # values sit about 0.72M below it, while n = 4 matches. The report prints ours and says so.
 N_SCALING_NOTE = ("the paper's n = 8 and n = 16 entries (2.67M, 11.37M) match no parameter "

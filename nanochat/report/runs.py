@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanochat import connections
 from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt
 from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
@@ -20,12 +21,27 @@ from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
 # non-default choice. A run with none of them is in the paper's configuration.
 OPTION_LABELS = {"hc_expand": {"lss": "LSS"}, "hc_reduce": {"learned": "learned head"},
                  "hc_pre": {"delayed": "delayed pre"}}
-# Variants from the work after the paper; their runs, like the options', go to "Beyond the paper".
-BEYOND_PAPER_VARIANTS = ("go_mhc", "frac", "attnres", "prenorm", "laurel", "cmhc", "gated", "mhar", "dar")
-# Single-state variants: n = 1 whatever a config says, no stream measures.
-SINGLE_STATE = ("residual", "attnres", "prenorm", "laurel", "mhar", "dar")
-# Variants without H_res (a baseline beside the HC family): no doubly-stochastic measures.
-NO_H_RES = ("attnres", "prenorm", "laurel", "gated", "mhar", "dar")
+
+
+# What the report needs to know of a variant comes from its SPEC (nanochat/connections); a
+# name this version does not register (an old run's) counts as a stream variant with H_res,
+# outside the paper.
+def single_state(variant):
+    """n = 1 whatever a config says, no stream measures."""
+    return variant in connections.VARIANTS and not connections.spec(variant).streams
+
+
+def has_h_res(variant):
+    """Whether the doubly-stochastic measures apply (a variant without H_res has none)."""
+    return variant not in connections.VARIANTS or connections.spec(variant).has_h_res
+
+
+def beyond_paper_variant(variant):
+    """A variant from the work after the paper: its runs, like the options', go to "Beyond the paper"."""
+    if variant is None:  # a run not found, its config unknown
+        return False
+    return variant not in connections.VARIANTS or connections.spec(variant).beyond_paper
+
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "core.json", "hc_stats.json", "failed.json",
              "lm_eval.json")
 # Settings in which runs of one row may differ: their seeds, their names, and what never
@@ -66,7 +82,7 @@ class Run:
 
     @property
     def n(self):
-        if self.variant in SINGLE_STATE:
+        if single_state(self.variant):
             return 1
         n = self._get("hc_streams")
         # hc_streams = 0 in a config means the variant's default, 4 (nanochat/train_config.py).
@@ -288,7 +304,7 @@ def is_default_factors(factors, n):
 def beyond_paper(run):
     """A run of what the field adopted after the paper: an option beyond it, or a variant
     outside its family (those have their own section of the report)."""
-    return bool(run.options) or run.variant in BEYOND_PAPER_VARIANTS
+    return bool(run.options) or beyond_paper_variant(run.variant)
 
 
 def is_main(run):
@@ -312,12 +328,13 @@ def paper_key(run):
 def method_label(run):
     if run.variant is None:
         return MISSING
-    label = paper.METHOD_NAMES.get(run.variant, run.variant)
+    label = connections.label(run.variant)
     if run.variant == "residual":
         return label
     extras = []
-    if run.n != paper.PAPER_STREAMS and run.variant not in SINGLE_STATE:
-        extras.append(f"{'m' if run.variant == 'frac' else 'n'}={fmt(run.n, 'd')}")
+    if run.n != paper.PAPER_STREAMS and not single_state(run.variant):
+        symbol = connections.spec(run.variant).stream_symbol if run.variant in connections.VARIANTS else "n"
+        extras.append(f"{symbol}={fmt(run.n, 'd')}")
     if run.variant == "go_mhc" and run._get("hc_go_s", FLAG_DEFAULTS["hc_go_s"]) != FLAG_DEFAULTS["hc_go_s"]:
         extras.append(f"s={run._get('hc_go_s')}")
     if run.variant == "attnres" and run._get("attnres_block_size") == 1:
@@ -332,7 +349,7 @@ def method_label(run):
 
 
 def method_order(run):
-    order = list(paper.METHOD_NAMES)
+    order = list(connections.VARIANTS)
     return (order.index(run.variant) if run.variant in order else len(order), run.n or 0, run.name)
 
 

@@ -8,6 +8,7 @@ the part of the noise they share. One pair leaves the interval unknown, and the 
 so rather than guessing a noise level.
 """
 
+from nanochat import connections
 from nanochat.report import paper
 from nanochat.report.format import MISSING, finer, fmt_diff, md_table
 from nanochat.report.runs import core_score, is_main, method_label, method_order, seeds_of, train_loss, val_bpb
@@ -96,7 +97,7 @@ def seed_table(runs, depth, groups, metrics=MAIN_METRICS):
     specs = {label: spec for label, _, spec in metrics}
     if all(len(members) == 1 for members, _ in rows_and_diffs):
         return ONE_SEED  # the table above already holds every difference
-    header = ["Method", "Run", "Seeds"] + [f"Δ {label} vs {paper.METHOD_NAMES[v]}" for v in refs
+    header = ["Method", "Run", "Seeds"] + [f"Δ {label} vs {connections.label(v)}" for v in refs
                                           for label, _, _ in metrics]
     rows, items = [], []
     for members, diffs in rows_and_diffs:
@@ -109,7 +110,7 @@ def seed_table(runs, depth, groups, metrics=MAIN_METRICS):
                     continue
                 d = diffs[(v, label)]
                 cells.append(fmt_diff(d, spec))
-                items.append((f"{method_label(r)} − {paper.METHOD_NAMES[v]} {label}", label, d))
+                items.append((f"{method_label(r)} − {connections.label(v)} {label}", label, d))
         rows.append(cells)
     notes = ["- Δ = this row minus the reference row, averaged over the seeds both hold (paired by init and "
              "data-order seed); in brackets its 95 % interval, mean ± t(0.975, n−1)·sd/√n, for that difference "
@@ -125,5 +126,5 @@ def task_sentence(runs, depth, groups, average):
     items = []
     for members, diffs in comparisons(runs, depth, groups, metrics):
         for (v, label), d in diffs.items():
-            items.append((f"{method_label(members[0])} − {paper.METHOD_NAMES[v]} {label}", label, d))
+            items.append((f"{method_label(members[0])} − {connections.label(v)} {label}", label, d))
     return noise_sentence(items, {"Avg": ".1f"})

@@ -3,9 +3,10 @@ numbers from `nanochat.report.paper` wherever a run matches a paper row."""
 
 import math
 
+from nanochat import connections
 from nanochat.report import paper
 from nanochat.report.format import MISSING, NOT_APPLICABLE, fmt, fmt_seeds, md_table, relative_pct, signed
-from nanochat.report.runs import (NO_H_RES, core_score, is_default_factors, is_main, method_label, method_order,
+from nanochat.report.runs import (core_score, has_h_res, is_default_factors, is_main, method_label, method_order,
                                   paper_key, params, stability, task_accuracy, train_loss, val_bpb)
 
 # H_res doubly stochastic by construction (mhc to its Sinkhorn tolerance, the others exactly).
@@ -281,7 +282,7 @@ def stability_table(runs):
                     key=lambda r: (r.depth or 0, method_order(r))):
         stats, source = stability(r)
         hc_params = fmt(params(r, "hc"), ",d")
-        if r.variant in NO_H_RES:
+        if not has_h_res(r.variant):
             rows.append((method_label(r), r.name, fmt(r.depth, "d"), hc_params, *[NOT_APPLICABLE] * 7))
             continue
         if stats is None:
@@ -314,7 +315,7 @@ def stability_table(runs):
     notes.insert(0, "HC params: the connection parameters of the run (summary.json). H_res − I: how far the "
                  "residual mixing left its identity init, the largest |H_res − I| entry of a layer, averaged over "
                  "tokens and layers (hc_identity keeps H_res = I: 0).")
-    if any(r.variant in NO_H_RES for r in runs if r.found):
+    if any(not has_h_res(r.variant) for r in runs if r.found):
         notes.append("n/a: Block Attention Residuals is a baseline beside the HC family, without streams or H_res; "
                      "these measures do not apply to it (hc_report --checkpoint shows the weights its reads put "
                      "on their sources instead).")
@@ -399,14 +400,14 @@ def paper_reference():
     """The paper's Tables 3-5 in full, for runs at depths the paper did not train."""
     rows = []
     for (depth, method), p in paper.MAIN.items():
-        rows.append((fmt(depth, "d"), paper.METHOD_NAMES[method],
+        rows.append((fmt(depth, "d"), connections.label(method),
                      "--" if p.delta_params_k is None else f"{p.delta_params_k:.0f}",
                      f"{p.train_loss:.3f}", f"{p.val_bpb:.3f}", f"{p.core:.3f}"))
     text = [f"{paper.MAIN_TABLE}:", md_table(("D", "Method", "ΔParams (K)", "Train loss", "Val BPB", "CORE"), rows)]
     for title, columns, table in ((paper.COMMONSENSE_TABLE, paper.COMMONSENSE_COLUMNS, paper.COMMONSENSE),
                                   (paper.LANGUAGE_TABLE, paper.LANGUAGE_COLUMNS, paper.LANGUAGE)):
         header = ("D", "Method", "Avg") + tuple(h for h, _ in columns)
-        body = [(fmt(d, "d"), paper.METHOD_NAMES[m]) + tuple(f"{v:.1f}" for v in vals) for (d, m), vals in table.items()]
+        body = [(fmt(d, "d"), connections.label(m)) + tuple(f"{v:.1f}" for v in vals) for (d, m), vals in table.items()]
         text += [f"{title} (accuracy %):", md_table(header, body)]
     text.append(f"- {paper.COMMONSENSE_TABLE}: the paper's Avg for mHC-lite at D=6 (41.0) is not the mean of its "
                 "row (40.87); every other Avg matches its row within rounding.")
@@ -430,7 +431,7 @@ def params_vs_n_table():
         factors = [paper.PARAMS_VS_N_FACTOR] * int(math.log2(n))
         rows.append((str(n),) + tuple(f"{hc_params_per_layer(v, n, C, factors=factors if v == 'kromhc' else None):,}"
                                       for v in PARAMS_VS_N_CURVES))
-    return (md_table(("n",) + tuple(paper.METHOD_NAMES[v] for v in PARAMS_VS_N_CURVES), rows)
+    return (md_table(("n",) + tuple(connections.label(v) for v in PARAMS_VS_N_CURVES), rows)
             + "\n\n- go-mHC (block size s = 2) is not in the paper's figure: its R = ns(ns − 1)/2 res logits grow "
               "as n², like mHC's, not factorially.")
 

@@ -1,0 +1,108 @@
+"""What a wiring declares about itself, so that the rest of the project (config, CLI, bench,
+plan, hc_report, the report, the model card, the tests) derives from the registry instead
+of naming variants.
+
+Every variant module defines a module-level dict `SPEC` with these keys:
+
+    label                   display name, as the wiring's paper names it
+    description             one line: what the wiring does
+    source                  where it comes from (an arXiv id, "nanochat" for the baseline)
+    state                   "streams": n parallel streams, --hc-streams applies;
+                            "single": one (B, T, C) state, n = 1
+    has_h_res               layer.coefficients() gives an n x n H_res, so the Figure-2 and
+                            doubly-stochastic diagnostics apply
+    in_paper                a row of the KromHC paper's tables
+    equals_prenorm_at_init  the model computes the plain pre-norm residual at init
+    params                  cfg -> connection parameters of the whole model (int) for a
+                            resolved GPTConfig (layers may differ in their counts)
+
+and may add, with these defaults:
+
+    beside_paper=False      shown with the paper's rows though not one of them (the project's
+                            ablations of the family: hc, hc_identity); otherwise a variant
+                            outside the paper goes to the report's "Beyond the paper"
+    bench_layer=0           the layer the layer benchmark times and the one a "called alone"
+                            check runs: a sub-layer index in [0, 2 * n_layer); block-level
+                            wirings name a block end (1), where their work happens
+    stream_flops=None       cfg -> training FLOPs per token of the stream work the FLOP
+                            convention leaves out (hc_report's FLOP table), None: not sized
+    stream_symbol="n"       what --hc-streams counts, as tables write it (frac: "m")
+    baseline="residual"     the variant its runs are read against in the report's "Beyond the
+                            paper" section (its nearest relative: go-mHC's is mHC)
+    settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
+                            factors), for the training log, hc_report and the model card
+
+Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
+become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
+per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
+default: from the default's type).
+"""
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Callable
+
+STATES = ("streams", "single")
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    label: str
+    description: str
+    source: str
+    state: str
+    has_h_res: bool
+    in_paper: bool
+    equals_prenorm_at_init: bool
+    params: Callable
+    beside_paper: bool = False
+    bench_layer: int = 0
+    stream_flops: Callable | None = None
+    stream_symbol: str = "n"
+    baseline: str = "residual"
+    settings: Callable | None = None
+
+    @property
+    def streams(self):
+        return self.state == "streams"
+
+    @property
+    def beyond_paper(self):
+        return not (self.in_paper or self.beside_paper)
+
+
+REQUIRED = tuple(f.name for f in fields(Spec) if f.default is MISSING and f.name != "name")
+OPTIONAL = tuple(f.name for f in fields(Spec) if f.name not in REQUIRED and f.name != "name")
+
+
+class SpecError(ValueError):
+    """A variant module that does not declare what the project needs of it."""
+
+
+def spec_of(name, module):
+    """The Spec of variant `name` from its module's SPEC dict; SpecError naming what is missing."""
+    where = f"variant {name!r}" + (f" (module {module.__name__})" if hasattr(module, "__name__") else "")
+    raw = getattr(module, "SPEC", None)
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where} defines no SPEC dict; declare {', '.join(REQUIRED)} "
+                        "(see docs/connections.md, 'Adding a wiring')")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise SpecError(f"{where}: SPEC lacks {', '.join(missing)} (see docs/connections.md, 'Adding a wiring')")
+    unknown = sorted(set(raw) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise SpecError(f"{where}: SPEC has unknown key(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(REQUIRED + OPTIONAL)}")
+    if raw["state"] not in STATES:
+        raise SpecError(f"{where}: SPEC state={raw['state']!r}; choose one of {', '.join(STATES)}")
+    if not callable(raw["params"]):
+        raise SpecError(f"{where}: SPEC params must be a function of the config (cfg -> int)")
+    for hook in ("resolve", "make_layers"):
+        if not callable(getattr(module, hook, None)):
+            raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
+    own = getattr(module, "FIELDS", {})
+    helps = getattr(module, "FIELD_HELP", {})
+    undocumented = [f for f in own if f not in helps]
+    if undocumented:
+        raise SpecError(f"{where}: FIELD_HELP has no help for {', '.join(undocumented)}")
+    return Spec(name=name, **raw)

@@ -1,0 +1,227 @@
+"""The variant contract (docs/connections.md): every registered wiring goes through what a user
+runs on it (bench in model and inference modes, hc_report --params and --checkpoint, the
+plan, the report on its run directory, the Hugging Face export, KV-cache decoding), its SPEC
+is checked against the model it builds (parameter count, state, H_res, equals pre-norm at
+init), and a wiring registered with nothing but SPEC, resolve and make_layers passes the
+same battery or fails it with a clear message, never a traceback.
+
+Tiny models throughout; one run directory per variant, shared by the checks."""
+
+import dataclasses
+import json
+import types
+
+import pytest
+import torch
+
+from nanochat import connections, plan
+from nanochat.connections.spec import SpecError
+from nanochat.connections.trunk import ConnectionLayer
+from nanochat.gpt import GPTConfig, build_model
+from scripts import bench, hc_report
+from scripts import report as report_cli
+from test_gpt import randomize
+from wiring_checks import assert_decode_matches, prenorm_logits
+
+NAMES = list(connections.VARIANTS)
+SIZES = dict(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=64)
+BENCH = ["--depth", "1", "--width", "32", "--head-dim", "16", "--seq-len", "8", "--batch", "1", "--vocab-size", "64",
+         "--warmup", "0", "--reps", "1"]
+INFER = ["--bench", "infer", "--prefill-lens", "8", "--infer-batches", "1", "--prompt-len", "4", "--new-tokens", "2",
+         "--modes", "eager"]
+
+
+class PlainLayer(ConnectionLayer):
+    """The dummy wiring's layer: x + F(x), one learned scale, no capture code of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.empty(1))
+
+    def init_weights(self):
+        self.scale.data.fill_(1.0)
+
+    def step(self, X, branch, x0, carry):
+        return X + self.scale * branch(X.squeeze(-2)).unsqueeze(-2), carry
+
+
+def dummy_module():
+    """A wiring declared the minimal way: SPEC, resolve and make_layers, nothing else."""
+    module = types.ModuleType("experiment_dummy")
+    module.SPEC = dict(label="Dummy", description="x + s * F(x) per sub-layer", source="tests", state="single",
+                       has_h_res=False, in_paper=False, equals_prenorm_at_init=True,
+                       params=lambda cfg: 2 * cfg.n_layer)
+    module.resolve = lambda cfg: setattr(cfg, "hc_streams", 1)
+    module.make_layers = lambda cfg: [PlainLayer() for _ in range(2 * cfg.n_layer)]
+    return module
+
+
+@pytest.fixture
+def dummy(monkeypatch):
+    monkeypatch.setitem(connections.VARIANTS, "dummy", dummy_module())
+    return "dummy"
+
+
+@pytest.fixture(scope="module")
+def base(base_with_tokenizer):
+    return base_with_tokenizer
+
+
+def run_of(base, make_run, name):
+    """The run directory of variant `name` (written once per module) and its model."""
+    run_dir = base / "runs" / name
+    if not (run_dir / "summary.json").exists():
+        make_run(run_dir, **SIZES, hc=name)
+    from nanochat.checkpoint import load_model
+    return run_dir, load_model(run_dir, device="cpu")[0]
+
+
+# ----- SPEC against the model -----
+
+@pytest.mark.parametrize("name", NAMES)
+def test_spec_describes_the_model_it_builds(name):
+    spec = connections.spec(name)
+    for n_layer in (2, 3):
+        model = build_model(GPTConfig(**{**SIZES, "n_layer": n_layer}, hc=name), "cpu")
+        assert spec.params(model.config) == model.param_counts()["connections"]
+        assert (model.connections.n == 1) == (not spec.streams)
+        assert 0 <= spec.bench_layer < 2 * n_layer
+    assert all(isinstance(getattr(spec, key), str) and getattr(spec, key) for key in ("label", "description", "source"))
+    has_h_res = hasattr(model.connections.layers[0], "coefficients")
+    assert has_h_res == spec.has_h_res
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_equals_prenorm_at_init_exactly_when_its_spec_says_so(name):
+    """Shared weights moved off their init (zero output projections would make every wiring
+    the identity), the connections at theirs: the logits equal the transcribed pre-norm
+    residual's if and only if SPEC says equals_prenorm_at_init."""
+    model = randomize(build_model(GPTConfig(**SIZES, hc=name), "cpu"), seed=1)
+    model.connections.init_weights()
+    idx = torch.randint(0, SIZES["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, plain = model(idx), prenorm_logits(model, idx)
+    same = torch.allclose(ours, plain, rtol=1e-5, atol=1e-5)
+    assert same == connections.spec(name).equals_prenorm_at_init, (ours - plain).abs().max()
+
+
+# ----- what a user runs -----
+
+def kv_decode_matches(model):
+    assert_decode_matches(model, torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3)),
+                          prefix=5)
+
+
+def check_checkpoint_report(run_dir, model, capsys):
+    hc_report.main(["--checkpoint", str(run_dir), "--random-tokens", "--device-type", "cpu", "--batch-size", "2"])
+    out = capsys.readouterr().out
+    stats = json.loads((run_dir / "hc_stats.json").read_text())
+    assert stats["variant"] == model.config.hc and len(stats["layers"]) == 2 * model.config.n_layer
+    assert connections.label(model.config.hc) in out and "wrote" in out
+    return out
+
+
+def check_plan(tmp_path, name):
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f'model_tag = "{name}"\nhc = "{name}"\ndepth = 4\nnum_iterations = 10\n'
+                      f'total_batch_size = 1024\n')
+    (run,) = plan.plan_runs([str(config)])
+    assert run.n == (4 if connections.spec(name).streams else 1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kv_cache_decoding_equals_the_full_forward(base, make_run, name):
+    kv_decode_matches(run_of(base, make_run, name)[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hc_report_checkpoint_and_plan(base, make_run, tmp_path, capsys, name):
+    run_dir, model = run_of(base, make_run, name)
+    check_checkpoint_report(run_dir, model, capsys)
+    check_plan(tmp_path, name)
+
+
+def test_hc_report_params_counts_every_variant(capsys):
+    hc_report.main(["--params", "--depth", "2", "--streams", "4"])
+    custom = capsys.readouterr().out.split("n = 4, D = 2")[1]
+    for name, spec in connections.specs().items():
+        row = next(line for line in custom.splitlines() if line.startswith(spec.label + " "))
+        config = GPTConfig(n_layer=2, n_embd=128, n_head=1, n_kv_head=1, hc=name, hc_streams=4 if spec.streams else 0)
+        assert f"{spec.params(config):,}" in row
+
+
+def test_bench_model_and_inference_run_every_variant(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(BENCH + ["--bench", "model", "--variants", *NAMES, "--out", str(out)])
+    assert {r["variant"] for r in json.loads(out.read_text())["results"]} == set(NAMES)
+    bench.main(BENCH + INFER + ["--variants", *NAMES, "--out", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["bench"], r["variant"]) for r in rows} == {(b, v) for b in ("prefill", "decode") for v in NAMES}
+
+
+def test_report_lists_every_variant_under_its_label(base, make_run, tmp_path):
+    dirs = [str(run_of(base, make_run, name)[0]) for name in NAMES]
+    report_cli.main(["--runs", *dirs, "--out", str(tmp_path)])
+    readme = (tmp_path / "README.md").read_text()
+    for name in NAMES:
+        assert connections.label(name) in readme
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hf_export_loads_with_the_same_logits(base, make_run, name):
+    """Exported and loaded back through transformers (trust_remote_code: the exported copy of
+    the code, not the project's modules); tests/test_hf_export.py does the same in an
+    environment without the project."""
+    transformers = pytest.importorskip("transformers")
+    from nanochat.hf.export import export
+    run_dir, model = run_of(base, make_run, name)
+    out = export(run_dir, base / "exports" / name, overwrite=True)["dir"]
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    idx = torch.randint(0, SIZES["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx).logits[..., :SIZES["vocab_size"]], model(idx), rtol=1e-5, atol=1e-5)
+
+
+# ----- a wiring registered with nothing else -----
+
+def test_a_variant_registered_with_nothing_else_passes_or_says_why(dummy, base, make_run, tmp_path, capsys):
+    assert connections.spec(dummy).label == "Dummy"
+    run_dir, model = run_of(base, make_run, dummy)
+    kv_decode_matches(model)
+    assert "not applicable" in check_checkpoint_report(run_dir, model, capsys)  # no H_res, no reads: its states
+    check_plan(tmp_path, dummy)
+    out = tmp_path / "bench.json"
+    bench.main(BENCH + ["--bench", "both", "--variants", dummy, "--out", str(out)])
+    bench.main(BENCH + INFER + ["--variants", dummy, "--out", str(out)])
+    report_cli.main(["--runs", str(run_dir), "--out", str(tmp_path / "report")])
+    assert "Dummy" in (tmp_path / "report" / "README.md").read_text()
+    from nanochat.hf.export import export
+    with pytest.raises(ValueError, match="registered from outside the nanochat package"):
+        export(run_dir, tmp_path / "export")
+
+
+@pytest.mark.parametrize("drop", ["label", "params"])
+def test_a_spec_missing_a_key_is_named(monkeypatch, drop):
+    module = dummy_module()
+    del module.SPEC[drop]
+    monkeypatch.setitem(connections.VARIANTS, "broken", module)
+    with pytest.raises(SpecError, match=f"variant 'broken' .*SPEC lacks {drop}"):
+        GPTConfig(hc="broken")
+
+
+def test_a_module_without_spec_is_named(monkeypatch):
+    module = dummy_module()
+    del module.SPEC
+    monkeypatch.setitem(connections.VARIANTS, "bare", module)
+    with pytest.raises(SpecError, match="variant 'bare' .*defines no SPEC dict; declare label, description"):
+        connections.specs()
+
+
+def test_config_fields_come_from_the_modules():
+    """Every variant's own field is a GPTConfig field and a base_train flag with its help."""
+    from nanochat.train_config import FLAGS
+    flags = {name: help_text for name, _, _, help_text in FLAGS}
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    for name, (default, help_text, _, variant) in connections.variant_fields().items():
+        assert name in fields and flags[name] == help_text
+        assert getattr(GPTConfig(), name) == default
