@@ -8,9 +8,9 @@ In the HC frame, X_next = H_res @ X + H_post^T F(H_pre @ X), with
 Pi the cyclic shift (stream t receives stream t - 1 mod n), L = n_layer (2L sub-layers),
 beta = `cmhc_beta` (the source's runs: 4, gamma = 1/6 at 12 layers). [ours] gamma is capped
 at 1 (no identity term left) for models shallower than beta / 2 layers, where beta / (2L)
-would not be a weight. A convex combination of
-permutations is doubly stochastic; the leak keeps H_res at least 1 - gamma on the diagonal,
-so products over depth do not collapse to the mean as Sinkhorn products can.
+would not be a weight. A convex combination of permutations is doubly stochastic; the leak
+keeps H_res at least 1 - gamma on the diagonal, so products over depth do not collapse to
+the mean as Sinkhorn products can.
 Coefficients (the source's map, in hc.HyperConnection): v = vec(X), h = a * (v / rms(v)) phi
 + b with phi (nC, 3n); H_pre = sigmoid, H_post = 2 sigmoid, z the res slice. The projection,
 the mixes and the HC options come from hc.HyperConnection.
@@ -23,11 +23,10 @@ Exactness: H_res[t, s] = c[(t - s) mod n] is gathered, not multiplied out (a mat
 TF32 would round c), so every row and column holds the n numbers of c.
 Our choices, where the family's frame differs from the source (so that C-mHC differs from
 mHC and KromHC in H_res and its init only): the source scales all 3n columns by one alpha,
-here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer; one
-alpha's gradient sums the three groups' and cancels); the source's RMSNorm has no weight,
-`hc_norm_weight` adds one like every HC variant's. With `hc_norm_weight` false the count is
-the source's nC * 3n + 3n + 1 per sub-layer plus 2: 36,879 at n = 4, C = 768 (the source's
-36,877). The source reduces by the mean of the streams, the trunk by the sum (the model's
+here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer); the
+source's RMSNorm has no weight, `hc_norm_weight` adds one like every HC variant's. With
+`hc_norm_weight` false the count is the source's nC * 3n + 3n + 1 per sub-layer plus 2:
+36,879 at n = 4, C = 768 (the source's 36,877). The source reduces by the mean of the streams, the trunk by the sum (the model's
 final RMSNorm makes them equal but for its epsilon). Coefficients in fp32.
 """
 
