@@ -6,9 +6,9 @@
 #   bash speedrun.sh paper-d12    # Table 2/3/4, D=12 (5 runs x 7000 steps)
 #   bash speedrun.sh n-scaling    # KromHC at n = 4, 8, 16 (D=12)
 #   bash speedrun.sh ablations    # factorization, shared alpha, identity H_res (D=12)
-#   bash speedrun.sh frontier     # beyond the paper (D=12): LSS, learned head, delayed pre, go-mHC,
-#                                 # frac, AttnRes, and the paper's runs they are compared against
-#                                 # (skipped when done)
+#   bash speedrun.sh frontier     # beyond the paper (D=12): the HC options and every later wiring
+#                                 # (configs/frontier/), and the paper's runs they are compared
+#                                 # against (skipped when done)
 #   bash speedrun.sh all          # every GPU mode above
 #   bash speedrun.sh ladder       # what a connection is worth: every variant of VARIANTS at every
 #                                 # depth of LADDER_DEPTHS, ratio-sized horizons, then scripts.compare

@@ -30,7 +30,7 @@ def variant_flags():
         if parser is None:
             raise connections.SpecError(f"variant {variant!r}: FIELD_TYPES names no parser for {name} "
                                         f"(a {type(default).__name__} default has none by default)")
-        flags.append((name, parser, default, help_text))
+        flags.append((name, parser, list(default) if isinstance(default, list) else default, help_text))  # own copy
     return flags
 
 

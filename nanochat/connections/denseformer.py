@@ -9,8 +9,9 @@ With X_0 the embedding and blocks numbered from 1, block i computes X_i = Block_
 
 with dilation k (`dwa_dilation`; the newest output and every k-th one before it). With
 period p (`dwa_period`) the average is taken only after the blocks i with i % p == 0, and
-Y_i = X_i after the others [as the source code's DWA modules place them; the paper's
-description of the period was read second-hand]. The last state goes to the final norm.
+Y_i = X_i after the others [our reading of the authors' code, github.com/epfml/DenseFormer,
+where the period is a setting of its DWA modules; the paper's own description of it could
+not be read]. The last state goes to the final norm.
 Every block output X_j is kept (the sources of later averages), never an average Y.
 Parameters: alpha_i (|S_i| scalars) per averaging block, L_b (L_b + 3) / 2 in all for k =
 p = 1 (90 at 12 blocks). Init alpha_{i,i} = 1 and the rest 0: exactly the pre-norm residual.

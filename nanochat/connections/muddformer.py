@@ -11,12 +11,14 @@ RMSNorm without a scale; 4 ways, 1 (R only) after the last block. Block i + 1 th
 h = X^R + Attn(norm X^Q, norm X^K, norm X^V) (its attention takes query, key and value from
 three states, each through a norm of its own: the branch's (u_q, u_k, u_v) input, see
 gpt.CausalSelfAttention) and its output h + MLP(norm h); X^R of the last block goes to the
-final norm. The MLP's hidden size is K_i = ways * (i + 2), four times that after the last
+final norm. Sources: the authors' inference code (github.com/Caiyun-AI/MUDDFormer,
+`modeling_muddformer.py`) and the hyper-connection-factory harness
+(github.com/wdlctc/hyper-connection-factory, `dense.py`), which transcribes it for training. The MLP's hidden size is K_i = ways * (i + 2), four times that after the last
 block, rounded as the reference does, (K // 64 + 1) * 64 (which adds 64 even to a multiple of
 64). Parameters per block: C K + K ways (i + 2) + ways (i + 2): 610,689 at 12 blocks of width
-768 (the 610.7K the reference's harness reports; its K and V norms in the body have
+768 (the 610.7K the harness reports; its K and V norms in the body have
 weights, ours have none, as nanochat's).
-Init (as the factory harness that transcribes the reference): W1 ~ N(0, 1/C), W2 = 0, a_i one
+Init (the harness's; the authors' training init is not public): W1 ~ N(0, 1/C), W2 = 0, a_i one
 hot on the newest output for every way: each state is X_{i+1}, the pre-norm residual.
 
 PrePostDANorm (`mudd_prepost_norm`, the form in which the published 24-layer run trained
@@ -26,8 +28,8 @@ mix through one more RMSNorm whose scale starts at 1e-3:
     X^c = X_{i+1} + DA_c (Q, K, V),   X^R = X_{i+1} + RMSNorm_post(DA_R),   DA_c = sum_j dw[c, j] N_j(X_j).
 With W2 = 0 and a = 0 every mix is zero at init: the pre-norm residual too. Its parameters:
 one scale per stored source and one post scale per block on top (2,405,445 at 24 x 1024, the
-reference harness's 2.405M). This form is known only through that harness (the reference
-JAX code was not public); we follow it.
+harness's 2.405M). This form is known only through that harness (which cites the authors'
+JAX `layers/mudd.py`, not public); we follow it.
 
 Ours, where nanochat differs: X_0 is the model's normed embedding (the reference mixes the
 raw one); every weight trains in the "hc" AdamW group at hc_lr without weight decay. The
