@@ -15,6 +15,8 @@ Sources (`dar_source`):
 Gates g_l (`dar_gate`): zero (a learned scalar from 0: exactly pre-norm at init, the factory's
 identity init), none (g = 1), sigmoid_scalar and sigmoid_vector (sigmoid of a learned scalar,
 or of one per channel, from 0: g = 1/2 at init [ours; the released code states no init]).
+Not built: the released code's `bias` gate (a recency bias on the last logit), its learnable
+null source and its `delta_v` mode (a separate read for the values).
 Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The model's output is
 h itself (no final read). The sources sum to h, so that mean is h / N, and with the
 sub-layers' own weightless RMSNorm every gate form starts as pre-norm in this frame, to the
