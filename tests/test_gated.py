@@ -1,7 +1,7 @@
 """The gated residual: the layer and the mixer equal the release's update written out; pre-norm at
 init (the body moved off its init); causal; every parameter gets a gradient; fp64 gradcheck; the
 parameter count; configuration errors; KV-cache decoding of the other forms. The default form's
-decoding and HF export: test_engine.py, test_hf_export.py."""
+HF export and decoding: test_variant_contract.py."""
 
 import math
 

@@ -1,7 +1,7 @@
 """LAuReL: each form equals pre-norm at init and the paper's update written out once trained;
 causal; every parameter gets a gradient; fp64 gradcheck; the factory's parameter count; its
-configuration errors; KV-cache decoding of the other forms. The default form's decoding and HF
-export: test_engine.py, test_hf_export.py."""
+configuration errors; KV-cache decoding of the other forms. The default form's HF export and
+decoding: test_variant_contract.py."""
 
 import math
 

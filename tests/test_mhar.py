@@ -2,7 +2,7 @@
 the bit; pre-norm at init through the norms; H heads equal the paper's per-head read written out
 (full-width RMS norm, then the heads' slices); causal; every parameter but the first read's gets
 a gradient; fp64 gradcheck; the parameter count; configuration errors; KV-cache decoding of the
-other forms. The default form's decoding and HF export: test_engine.py, test_hf_export.py."""
+other forms. The default form's HF export and decoding: test_variant_contract.py."""
 
 import pytest
 import torch

@@ -1,9 +1,10 @@
 """The plain pre-norm residual, and the checks every wiring beyond the HC family runs against
-it (the helpers below): equal to pre-norm at init with the body's weights moved off their
-init, causal, a gradient on every connection parameter, fp64 gradcheck, the parameter count
-of its SPEC, one clear configuration error, and an exact resume through the real CLI.
-KV-cache decoding and the HF export of every registered variant: test_engine.py and
-test_hf_export.py."""
+it (the helpers below, beside tests/wiring_checks.py): equal to pre-norm at init with the
+body's weights moved off their init, causal, a gradient on every connection parameter, fp64
+gradcheck, KV-cache decoding, the diagnostics, the parameter count of its SPEC, one clear
+error line for a bad flag, and an exact resume through the real CLI. Every registered
+variant's default form also goes through tests/test_variant_contract.py (bench, hc_report,
+the plan, the report, the HF export, KV decoding)."""
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ import wiring_checks
 from test_cli_errors import TRAIN, assert_one_error, run_cli
 from test_gpt import randomize
 from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (a fixture)
-from wiring_checks import assert_causal, assert_decode_matches
+from wiring_checks import assert_causal, assert_decode_matches, prenorm_logits
 
 VOCAB = 64
 
@@ -40,24 +41,23 @@ def assert_decodes_as_the_full_forward(hc, **fields):
     assert_decode_matches(randomize(tiny(hc, **fields), seed=4), tokens())
 
 
-def with_prenorm_body(hc, **fields):
-    """(pre-norm model, the wiring's model at init): the body (embeddings, sub-layers, head)
-    moved off its init, where the zero output projections would make every wiring equal, and
-    copied into the wiring's model, whose connections stay at their init."""
-    reference = randomize(tiny("prenorm"), seed=5)
-    model = tiny(hc, seed=1, **fields)
-    missing, unexpected = model.load_state_dict(reference.state_dict(), strict=False)
-    assert not unexpected and all(key.startswith("connections.") for key in missing), missing
-    return reference, model
+def with_moved_body(hc, **fields):
+    """The wiring's model with the body (embeddings, sub-layers, head) moved off its init,
+    where the zero output projections would make every wiring equal, and its connections at
+    their init."""
+    model = randomize(tiny(hc, **fields), seed=5)
+    model.connections.init_weights()
+    return model
 
 
 def assert_equals_prenorm_at_init(hc, atol=1e-5, adjust=None, **fields):
-    """`adjust(model)` may change the wiring's init first (a source whose init is random)."""
-    reference, model = with_prenorm_body(hc, **fields)
+    """Against the pre-norm residual over the same sub-layers (wiring_checks.prenorm_logits);
+    `adjust(model)` may change the wiring's init first (a source whose init is random)."""
+    model = with_moved_body(hc, **fields)
     if adjust is not None:
         adjust(model)
     idx = tokens()
-    torch.testing.assert_close(model(idx), reference(idx), atol=atol, rtol=atol)
+    torch.testing.assert_close(model(idx), prenorm_logits(model, idx), atol=atol, rtol=atol)
 
 
 def connection_gradients(model):
@@ -166,12 +166,12 @@ def test_prenorm_has_no_parameters_is_causal_and_passes_gradcheck():
 
 def test_prenorm_differs_from_the_residual_row_only_by_its_scalars():
     """nanochat's residual with l_resid = 1 and l_x0 = 0 (its init) is pre-norm exactly."""
-    reference, model = with_prenorm_body("residual")
+    model = with_moved_body("residual")
     idx = tokens()
-    torch.testing.assert_close(model(idx), reference(idx), atol=0, rtol=0)
+    torch.testing.assert_close(model(idx), prenorm_logits(model, idx), atol=0, rtol=0)
     with torch.no_grad():
         model.connections.layers[2].l_x0.fill_(0.5)
-    assert not torch.allclose(model(idx), reference(idx))
+    assert not torch.allclose(model(idx), prenorm_logits(model, idx))
 
 
 @pytest.mark.parametrize("overrides, message", [
