@@ -26,8 +26,9 @@ mHC and KromHC in H_res and its init only): the source scales all 3n columns by 
 here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer); the
 source's RMSNorm has no weight, `hc_norm_weight` adds one like every HC variant's. With
 `hc_norm_weight` false the count is the source's nC * 3n + 3n + 1 per sub-layer plus 2:
-36,879 at n = 4, C = 768 (the source's 36,877). The source reduces by the mean of the streams, the trunk by the sum (the model's
-final RMSNorm makes them equal but for its epsilon). Coefficients in fp32.
+36,879 at n = 4, C = 768 (the source's 36,877). The source reduces by the mean of the
+streams, the trunk by the sum (the model's final RMSNorm makes them equal but for its
+epsilon). Coefficients in fp32.
 """
 
 import math
