@@ -50,6 +50,9 @@ ALLOWED = {
     ("scripts.base_train", "--x0-beta1"): {"0"},  # Adam without momentum
     ("scripts.base_train", "--hc-lss-init"): {"0", "-1"},  # any finite start of the stream scales
     ("scripts.base_train", "--attnres-block-size"): {"0"},  # 0: about 8 blocks
+    ("scripts.base_train", "--cmhc-beta"): {"0"},  # 0: no leak, H_res = I
+    ("scripts.base_train", "--gated-rank"): {"0"},  # 0: n_embd / 8
+    ("scripts.base_train", "--mhar-heads"): {"0"},  # 0: n_kv_head
     ("scripts.base_train", "--data-seed"): {"0", "-1"},  # -1: nanochat's fixed order
     ("scripts.base_train", "--embedding-lr"): {"0"},
     ("scripts.base_train", "--unembedding-lr"): {"0"},

@@ -17,7 +17,8 @@ VOCAB = 300
 # Every registered variant as configured by default, and the options that change the state.
 CASES = [dict(hc=name) for name in VARIANTS] + [
     dict(hc="residual", value_embeds=False), dict(hc="kromhc", hc_recompute=True), dict(hc="kromhc", hc_pre="delayed"),
-    dict(hc="mhc", hc_reduce="learned"), dict(hc="mhc_lite", hc_expand="lss")]
+    dict(hc="mhc", hc_reduce="learned"), dict(hc="mhc_lite", hc_expand="lss"), dict(hc="laurel", laurel_form="rw"),
+    dict(hc="dar", dar_source="block", dar_gate="sigmoid_vector")]
 
 
 def case_id(case):

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, denseformer, frac, go_mhc, hc, hc_identity, kromhc, mhc, mhc_lite,
-                                  muddformer, ops, residual, trunk)
+from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, gated, go_mhc, hc, hc_identity, kromhc, laurel,
+                                  mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
 from nanochat.connections.diagnostics import record_state
 from nanochat.connections.spec import SpecError, spec_of
 
@@ -49,8 +49,14 @@ VARIANTS = {
     "go_mhc": go_mhc,
     "frac": frac,
     "attnres": attnres,
+    "prenorm": prenorm,
     "denseformer": denseformer,
     "muddformer": muddformer,
+    "laurel": laurel,
+    "mhar": mhar,
+    "dar": dar,
+    "cmhc": cmhc,
+    "gated": gated,
 }
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
