@@ -3,7 +3,7 @@
 Training sets torch.set_float32_matmul_precision("high"), so on a GPU an fp32 matmul may
 round its operands to TF32 (10 mantissa bits). The CPU has no TF32: `TF32Matmuls` emulates
 it, rounding the fp32 operands of every matmul-family op to 10 mantissa bits, as the tensor
-cores would. Under it, H_res of mHC-lite and KromHC must stay doubly stochastic to fp32
+cores would. Under it, H_res of mHC-lite, KromHC and C-mHC must stay doubly stochastic to fp32
 rounding (the property the paper measures in its Figure 2), and the diagnostics' stream
 Gram must be the fp64 one."""
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nanochat.connections.cmhc import CirculantLayer
 from nanochat.connections.diagnostics import ds_errors, record_state
 from nanochat.connections.kromhc import KromHCLayer
 from nanochat.connections.mhc_lite import MHCLiteLayer
@@ -54,7 +55,8 @@ def test_the_emulation_rounds_as_tf32():
 def layers():
     torch.manual_seed(0)
     return {"mhc_lite n=4": MHCLiteLayer(0, 4, 8), "kromhc 2x2": KromHCLayer(0, 4, 8, [2, 2]),
-            "kromhc 2x2x2": KromHCLayer(0, 8, 8, [2, 2, 2]), "kromhc 3x2": KromHCLayer(0, 6, 8, [3, 2])}
+            "kromhc 2x2x2": KromHCLayer(0, 8, 8, [2, 2, 2]), "kromhc 3x2": KromHCLayer(0, 6, 8, [3, 2]),
+            "cmhc n=4": CirculantLayer(0, 4, 8, gamma=1 / 6)}
 
 
 @pytest.mark.parametrize("name", list(layers()))

@@ -19,8 +19,11 @@ Init (the source's): a = 0.01, phi ~ N(0, (0.02 / sqrt(nC))^2), b_pre = log(1/(n
 (H_pre = 1/n: the mean of the streams), b_post = 0 (H_post = 1), b_res = 0 (H_res =
 (1 - gamma) I + (gamma / n) 11^T). With identical streams any doubly stochastic H_res keeps
 them identical, so the model is close to pre-norm at init but not equal: phi is random.
-Exactness: H_res[t, s] = c[(t - s) mod n] is gathered, not multiplied out (a matmul with
-TF32 would round c), so every row and column holds the n numbers of c.
+Exactness: H_res[t, s] = c[(t - s) mod n], built as the weighted sum of the n shift matrices
+(birkhoff.convex_permutations: each entry is c_k plus exact zeros, where a matmul with TF32
+would round c), so every row and column holds the n numbers of c. A gather c[..., index]
+would give the same forward, but its backward scatters with atomic adds on a GPU, whose order,
+and so whose rounding, changes from run to run.
 Our choices, where the family's frame differs from the source (so that C-mHC differs from
 mHC and KromHC in H_res and its init only): the source scales all 3n columns by one alpha,
 here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer); the
@@ -36,6 +39,7 @@ import math
 import torch
 from torch import nn
 
+from nanochat.connections.birkhoff import convex_permutations
 from nanochat.connections.hc import HyperConnection, layer_options, resolve_streams
 from nanochat.flags import nonneg_float
 
@@ -69,11 +73,16 @@ class CirculantLayer(HyperConnection):
     def __init__(self, layer_index, n, C, gamma, **kw):
         super().__init__(layer_index, n, C, res_groups=(n,), **kw)
         self.gamma = gamma
+        # (n, n*n): Pi^k flattened, filled by init_weights (the model is built on the meta device)
+        self.register_buffer("shifts", torch.empty(n, n * n), persistent=False)
 
     @torch.no_grad()
     def init_weights(self):
         super().init_weights()
         n = self.n
+        k, t = torch.arange(n)[:, None, None], torch.arange(n)[None, :, None]
+        s = torch.arange(n)[None, None, :]
+        self.shifts.copy_(((s - t + k) % n == 0).flatten(1).to(self.shifts.dtype))  # Pi^k[t, s] = [s = t - k]
         nn.init.normal_(self.weight, std=PHI_STD / math.sqrt(n * self.C))
         self.bias[:n] = math.log(1 / (n - 1))  # H_pre = 1/n and H_post = 1 on every stream
         self.bias[n:2 * n] = 0.0
@@ -87,9 +96,7 @@ class CirculantLayer(HyperConnection):
         return torch.cat([c[..., :1] + (1 - self.gamma), c[..., 1:]], dim=-1)
 
     def h_res(self, res_logits):
-        c = self.shift_weights(res_logits)
-        k = torch.arange(self.n, device=c.device)
-        return c[..., (k[:, None] - k[None, :]) % self.n]
+        return convex_permutations(self.shift_weights(res_logits), self.shifts).unflatten(-1, (self.n, self.n))
 
 
 def resolve(cfg):
