@@ -115,3 +115,34 @@ def test_variants_beyond_the_family_against_their_baselines(tmp_path):
     assert "at rounding (< 1e-5): go-mHC (3.0e-06)" in stability and "do not apply to it" in stability
     collapse = table(section(readme, "## Stream collapse (not in the paper)"))
     assert "d12_attnres" not in {r["Run"] for r in collapse} and "d12_go_mhc" in {r["Run"] for r in collapse}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """Our runs of wirings another harness published: pre-norm and two MUDDFormer forms at D=12, a
+    mHC at D=12 and D=6 (no pre-norm there), and the report's 'Published elsewhere' table."""
+    root = tmp_path_factory.mktemp("runs")
+    dirs = [write_run(root, "d12_prenorm", cfg(12, "prenorm"), final_loss=3.000),
+            write_run(root, "d12_muddformer", cfg(12, "muddformer"), final_loss=2.950),
+            write_run(root, "d12_muddformer_ppn", cfg(12, "muddformer", mudd_prepost_norm=True), final_loss=2.960),
+            write_run(root, "d12_mhc", cfg(12, "mhc"), final_loss=2.980),
+            write_run(root, "d6_mhc", cfg(6, "mhc"), final_loss=3.300)]
+    out = tmp_path_factory.mktemp("report")
+    report_cli.main(["--runs", *map(str, dirs), "--out", str(out)])
+    text = section((out / "README.md").read_text(),
+                   "### Published elsewhere: the wirings beyond the HC family in another harness")
+    return table(text), text
+
+
+def test_published_numbers_stand_beside_ours_against_our_prenorm(published):
+    rows, text = published
+    mudd = row(rows, **{"factory wiring": "muddformer"})
+    assert mudd["S 38.5M"] == "-0.1115" and mudd["L 303.6M"] == "diverged" and mudd["XL 1214M"] == "—"
+    assert mudd["ours: Δ train loss vs our pre-norm"] == "MUDDFormer D12: -0.0500"
+    ppn = row(rows, **{"factory wiring": "muddformer-ppn"})["ours: Δ train loss vs our pre-norm"]
+    assert ppn.endswith("D12: -0.0400") and "-0.0500" not in ppn
+    # mHC at D=6 has no pre-norm run of its depth to be read against
+    assert row(rows, **{"factory wiring": "mhc-n4"})["ours: Δ train loss vs our pre-norm"] == \
+        "mHC D6: —; mHC D12: -0.0200"
+    assert row(rows, **{"factory wiring": "laurel-rw-lr"})["ours: Δ train loss vs our pre-norm"] == "—"
+    assert "Another recipe" in text

@@ -15,6 +15,7 @@ from pathlib import Path
 from nanochat.report import paper
 from nanochat.report.figures import plot_curves, plot_gap, plot_grad_norms, plot_grad_tail, plot_params_vs_n, series
 from nanochat.report.beyond import beyond_table
+from nanochat.report.published import published_table
 from nanochat.report.cm_section import cm_section
 from nanochat.report.collapse import collapse_section
 from nanochat.report.cost import cost_section
@@ -155,6 +156,8 @@ def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None
               params_vs_n_table(), f"![params vs n]({plot_params_vs_n(out / 'params_vs_n.png').name})"]
 
     parts += ["## Beyond the paper", beyond_table(runs, groups)]
+    parts += ["### Published elsewhere: the wirings beyond the HC family in another harness",
+              published_table(runs, groups)]
     placed |= {r.name for r in runs if beyond_paper(r)}
     other = other_runs_table(runs, placed)
     if other:
