@@ -487,7 +487,10 @@ class GPT(nn.Module):
             cos, sin = self.cos[0, pos], self.sin[0, pos]  # (B, T, 1, D/2)
         cos = cos.to(self.activation_dtype(idx))
         sin = sin.to(cos.dtype)
-        x0 = norm(self.transformer.wte(idx))
+        # The stream dtype is chosen here, once: CUDA autocast on torch >= 2.12 runs rms_norm in
+        # fp32 where older torch and CPU autocast return bf16, so an inherited dtype would differ
+        # by machine.
+        x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
         branches = []
         for i, block in enumerate(self.transformer.h):
             window = self.window_sizes[i]
