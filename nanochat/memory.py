@@ -216,6 +216,15 @@ def _reduction(node):
     return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags
 
 
+def _bases(gm):
+    """{node: the node whose buffer it uses}: itself, or for a view its base's."""
+    base = {}
+    for node in gm.graph.nodes:
+        src = node.args[0] if _is_view(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
+        base[node] = base[src] if src is not None else node
+    return base
+
+
 def graph_peak(gm, held, fused=True):
     """Peak bytes of the buffers an FX graph of aten ops allocates as it runs, with the input
     bytes `held` (the placeholders' sizes, 0 for those counted elsewhere, e.g. parameters) live
@@ -227,10 +236,7 @@ def graph_peak(gm, held, fused=True):
     No torch tool models Inductor's fusion (MemTracker on the decomposed graphs counts every
     intermediate: 32 GiB of them for the head's backward at D=12, batch 32), hence this walk."""
     nodes = list(gm.graph.nodes)
-    base = {}  # node -> the node whose buffer it uses
-    for node in nodes:
-        src = node.args[0] if _is_view(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
-        base[node] = base[src] if src is not None else node
+    base = _bases(gm)
     materialized = set()
     output = nodes[-1]
     for node in nodes:
@@ -290,7 +296,13 @@ def aot_step(model):
 
     compiled = aot_function(functional, fw_compiler=keep("fw"), bw_compiler=keep("bw"),
                             partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
-    return (lambda idx, targets: compiled(list(params.values()), list(buffers.values()), idx, targets)), graphs
+
+    def step(idx, targets):
+        # The model's code takes its compiled branches (torch.compiler.is_compiling(): the stream
+        # ops' plain forms) while AOTAutograd traces it, as under torch.compile.
+        with torch.compiler._compile_session_context():
+            return compiled(list(params.values()), list(buffers.values()), idx, targets)
+    return step, graphs
 
 
 def _compiled_step_peak(model, idx, targets, autocast, fused):
@@ -304,12 +316,17 @@ def _compiled_step_peak(model, idx, targets, autocast, fused):
     n_static = len(dict(model.named_parameters())) + len(dict(model.named_buffers()))
     fw_inputs = [n for n in fw.graph.nodes if n.op == "placeholder"]
     fw_held = [0] * n_static + [_nbytes(n.meta["val"]) for n in fw_inputs[n_static:]]
-    # The forward's outputs: the loss, then what the backward reads; parameters among the
-    # latter are counted as parameters.
+    # The forward's outputs: the loss, then what the backward reads. Parameters and their views
+    # (a transposed weight) are counted as parameters, views of one buffer once.
     saved = fw.graph.output_node().args[0][1:]
-    static = set(fw_inputs[:n_static])
-    bw_held = [_nbytes(n.meta["val"]) if n not in static and isinstance(n.meta.get("val"), torch.Tensor) else 0
-               for n in saved]
+    base = _bases(fw)
+    counted = set(fw_inputs[:n_static])
+    bw_held = []
+    for node in saved:
+        val = node.meta.get("val")
+        fresh = isinstance(val, torch.Tensor) and base[node] not in counted
+        bw_held.append(_nbytes(base[node].meta["val"]) if fresh else 0)
+        counted.add(base[node])
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     bw_held += [_nbytes(n.meta["val"]) if isinstance(n.meta.get("val"), torch.Tensor) else 0
                 for n in bw_inputs[len(bw_held):]]
@@ -384,7 +401,7 @@ def _cache_path(key):
 def cached_step_peak(config, device_batch, compile=True, cuda=True, fused=True):
     """step_peak, read from or written to the disk cache."""
     key = {"config": dataclasses.asdict(traced_config(config)), "batch": device_batch, "compile": compile,
-           "cuda": cuda, "fused": fused, "torch": torch.__version__, "version": 1}
+           "cuda": cuda, "fused": fused, "torch": torch.__version__, "version": 2}
     path = _cache_path(key)
     try:
         with open(path) as f:
