@@ -28,12 +28,12 @@ and flash (full ones) both save q, k, v, the output and the log-sum-exp, which i
 saves for a causal mask; an explicit window mask on CPU would instead save a T x T matrix.
 Liger's kernels are traced as their plain-PyTorch references (`hc_kernels = torch`).
 
-Compiled: torch.compile fuses chains of pointwise ops into one kernel, so their intermediates
-are never allocated. With `fused=True` (the default, what Inductor does on a GPU) the walk
-allocates a buffer only for the output of a non-pointwise op and for a pointwise result that a
-non-pointwise op (a matmul, attention), the graph's output or the backward reads; with
-`fused=False` every op's output is allocated, which is what the CPU check runs
-(`torch.compile(backend="aot_eager_decomp_partition")`: the same partition, no code generation).
+Compiled: Inductor fuses chains of pointwise ops into one kernel, so their intermediates are
+never allocated, and its generated code frees a graph's inputs (the saved activations, in the
+backward) after their last use. With `inductor=True` (the default, what a GPU runs) the walk
+models both (`graph_peak`); with `inductor=False` it runs the graphs as backend
+"aot_eager_decomp_partition" does, op by op with the inputs held to the end, which is what the
+CPU check measures: the same partition, no code generation.
 The estimate is a model of the allocator's peak, not a measurement: `scripts.gpu_check` prints
 it beside `max_memory_allocated` on a GPU. Traces are cached on disk (`<base dir>/memory/`), by
 config, batch, mode and torch version: the plan prices every run of a mode in seconds after the
@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import operator
 import os
 from dataclasses import dataclass
 
@@ -180,6 +181,12 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
+def _node_bytes(node):
+    """Bytes of a graph node's value: a tensor, or a multi-output op's tuple of them."""
+    val = node.meta.get("val")
+    return sum(_nbytes(v) for v in (val if isinstance(val, (list, tuple)) else [val]) if isinstance(v, torch.Tensor))
+
+
 def _eager_step_peak(model, idx, targets, autocast):
     """Peak bytes of forward + backward, parameters excluded, by MemTracker."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -217,34 +224,36 @@ def _reduction(node):
 
 
 def _bases(gm):
-    """{node: the node whose buffer it uses}: itself, or for a view its base's."""
+    """{node: the node whose buffer it uses}: itself, or for a view (or an element of a
+    multi-output op's tuple, whose size counts all its elements) its base's."""
     base = {}
     for node in gm.graph.nodes:
-        src = node.args[0] if _is_view(node) and node.args and isinstance(node.args[0], torch.fx.Node) else None
+        alias = _is_view(node) or node.target is operator.getitem
+        src = node.args[0] if alias and node.args and isinstance(node.args[0], torch.fx.Node) else None
         base[node] = base[src] if src is not None else node
     return base
 
 
-def graph_peak(gm, held, fused=True):
-    """Peak bytes of the buffers an FX graph of aten ops allocates as it runs, with the input
-    bytes `held` (the placeholders' sizes, 0 for those counted elsewhere, e.g. parameters) live
-    until their last use, the outputs kept to the end. Views share their base's buffer. With
-    `fused`, a fusible op's result (`_fusible`) is a buffer only when the output or an op that
-    is neither fusible nor a reduction (a matmul, attention) reads it: Inductor computes the
-    rest inside their consumers' kernels, reductions included. AOTAutograd's boxed calling
-    convention lets a graph free its inputs, hence the inputs' release at their last use.
-    No torch tool models Inductor's fusion (MemTracker on the decomposed graphs counts every
+def graph_peak(gm, held, inductor=True):
+    """Peak bytes of the buffers an FX graph of aten ops allocates as it runs, its inputs
+    holding `held` bytes (the placeholders' sizes, 0 for those counted elsewhere, e.g.
+    parameters), its outputs kept to the end. Views share their base's buffer. `inductor`: as
+    Inductor's code runs it, a fusible op's result (`_fusible`) being a buffer only when the
+    output or an op that is neither fusible nor a reduction (a matmul, attention) reads it (the
+    rest is computed inside their consumers' kernels), and an input freed after its last use
+    (the boxed calling convention hands the graph its inputs); else op by op, the inputs held
+    to the end, as backend "aot_eager_decomp_partition" runs it. No torch tool models Inductor's fusion (MemTracker on the decomposed graphs counts every
     intermediate: 32 GiB of them for the head's backward at D=12, batch 32), hence this walk."""
     nodes = list(gm.graph.nodes)
     base = _bases(gm)
     materialized = set()
     output = nodes[-1]
     for node in nodes:
-        if node.op != "call_function" or _is_view(node):
+        if node.op != "call_function" or base[node] is not node:
             continue
-        if not fused or not _fusible(node):
+        if not inductor or not _fusible(node):
             materialized.add(node)
-            if not fused or not _reduction(node):
+            if not inductor or not _reduction(node):
                 materialized.update(base[arg] for arg in node.all_input_nodes)
     for arg in output.all_input_nodes:
         materialized.add(base[arg])
@@ -253,9 +262,7 @@ def graph_peak(gm, held, fused=True):
         size[node] = held[i]
     for node in materialized:
         if node.op == "call_function":
-            val = node.meta.get("val")
-            vals = val if isinstance(val, (list, tuple)) else [val]
-            size[node] = sum(_nbytes(v) for v in vals if isinstance(v, torch.Tensor))
+            size[node] = _node_bytes(node)
     last = {}
     for i, node in enumerate(nodes):
         for arg in node.all_input_nodes:
@@ -268,7 +275,7 @@ def graph_peak(gm, held, fused=True):
             live += size[node]
             peak = max(peak, live)
         for arg in {base[a] for a in node.all_input_nodes}:
-            if last.get(arg) == i and arg not in keep and arg in size:
+            if last.get(arg) == i and arg not in keep and arg in size and (inductor or arg.op != "placeholder"):
                 live -= size[arg]
     return peak
 
@@ -305,7 +312,7 @@ def aot_step(model):
     return step, graphs
 
 
-def _compiled_step_peak(model, idx, targets, autocast, fused):
+def _compiled_step_peak(model, idx, targets, autocast, inductor):
     """Peak bytes of forward + backward as torch.compile partitions them, parameters excluded,
     and the bytes saved for the backward."""
     step, graphs = aot_step(model)
@@ -325,15 +332,15 @@ def _compiled_step_peak(model, idx, targets, autocast, fused):
     for node in saved:
         val = node.meta.get("val")
         fresh = isinstance(val, torch.Tensor) and base[node] not in counted
-        bw_held.append(_nbytes(base[node].meta["val"]) if fresh else 0)
+        bw_held.append(_node_bytes(base[node]) if fresh else 0)
         counted.add(base[node])
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     bw_held += [_nbytes(n.meta["val"]) if isinstance(n.meta.get("val"), torch.Tensor) else 0
                 for n in bw_inputs[len(bw_held):]]
-    return max(graph_peak(fw, fw_held, fused), graph_peak(bw, bw_held, fused)), sum(bw_held[:len(saved)])
+    return max(graph_peak(fw, fw_held, inductor), graph_peak(bw, bw_held, inductor)), sum(bw_held[:len(saved)])
 
 
-def step_peak(config, device_batch, compile=True, cuda=True, fused=True):
+def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
     """Peak bytes of one micro-step's forward and backward above the parameters (activations,
     logits, gradients), traced on fake tensors. `cuda`: bf16 autocast with CUDA's dtype rules
     and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU."""
@@ -346,7 +353,7 @@ def step_peak(config, device_batch, compile=True, cuda=True, fused=True):
         idx = torch.randint(0, config.vocab_size, shape)
         targets = torch.randint(0, config.vocab_size, shape)
         if compile:
-            return _compiled_step_peak(model, idx, targets, autocast, fused)[0]
+            return _compiled_step_peak(model, idx, targets, autocast, inductor)[0]
         return _eager_step_peak(model, idx, targets, autocast)
 
 
@@ -398,17 +405,17 @@ def _cache_path(key):
     return os.path.join(base_dir(), "memory", f"{digest}.json")
 
 
-def cached_step_peak(config, device_batch, compile=True, cuda=True, fused=True):
+def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
     """step_peak, read from or written to the disk cache."""
     key = {"config": dataclasses.asdict(traced_config(config)), "batch": device_batch, "compile": compile,
-           "cuda": cuda, "fused": fused, "torch": torch.__version__, "version": 2}
+           "cuda": cuda, "inductor": inductor, "torch": torch.__version__, "version": 3}
     path = _cache_path(key)
     try:
         with open(path) as f:
             return json.load(f)["step"]
     except (OSError, ValueError, KeyError):
         pass
-    value = step_peak(config, device_batch, compile, cuda, fused)
+    value = step_peak(config, device_batch, compile, cuda, inductor)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -417,20 +424,22 @@ def cached_step_peak(config, device_batch, compile=True, cuda=True, fused=True):
     return value
 
 
-def estimate(config, device_batch, world_size=1, accum=1, compile=True, cuda=True, fused=True):
+def estimate(config, device_batch, world_size=1, accum=1, compile=True, cuda=True, inductor=True):
     """The Estimate of one rank's peak for a run: its GPTConfig, device batch, world size,
     gradient accumulation steps, compile on or off, on a GPU (`cuda`) or the CPU."""
     params, grads, optimizer = static_bytes(config, world_size, cuda)
-    step = cached_step_peak(config, device_batch, compile, cuda, fused)
+    step = cached_step_peak(config, device_batch, compile, cuda, inductor)
     return Estimate(device_batch, params, grads, optimizer, step, grads if accum > 1 else 0)
 
 
-def fitting_batch(config, max_batch, memory_bytes, accum_for, world_size=1, compile=True):
-    """(batch, estimate at it, estimate at max_batch) for the largest power of two up to
-    max_batch (max_batch itself first) whose estimate fits `memory_bytes` with the margin; batch
-    None when not even 1 fits. accum_for(batch): the gradient accumulation steps at that batch."""
+def fitting_batch(config, max_batch, memory_bytes, accum_for, world_size=1, compile=True, allowed=None):
+    """(batch, its estimate, the estimate at the first batch tried) for the largest of max_batch
+    and the powers of two below it (those `allowed` accepts: the batches the total batch divides
+    into) whose estimate fits `memory_bytes` with the margin; batch None when none fits.
+    accum_for(batch): the gradient accumulation steps at that batch."""
     candidates = [max_batch] + [2**k for k in range(int(math.log2(max_batch)), -1, -1) if 2**k < max_batch]
-    first = None
+    candidates = [b for b in candidates if allowed is None or allowed(b)] or [max_batch]
+    first = est = None
     for batch in candidates:
         est = estimate(config, batch, world_size, accum_for(batch), compile)
         first = first or est

@@ -6,7 +6,7 @@ The CPU has no allocator statistics (RSS counts the allocator's caches and the l
 real step's peak is the sum of live tensor bytes, by torch's `MemTracker` over real tensors.
 Compiled means the partition torch.compile makes (`memory.aot_step`: Inductor's decompositions,
 the min-cut partitioner, as backend "aot_eager_decomp_partition") run op by op on real tensors,
-without code generation; the estimate is then taken with `fused=False`. Inductor's fusion, which the GPU
+without code generation; the estimate is then taken with `inductor=False`. Inductor's fusion, which the GPU
 estimate assumes, can only be held to a GPU's `max_memory_allocated` (scripts.gpu_check).
 """
 
@@ -62,7 +62,7 @@ def check_rows(cases=CASES, sizes=SIZES, modes=(False, True)):
         for depth, seq_len, batch in sizes:
             config = small_config(variant, options, depth, seq_len)
             for compile in modes:
-                est = memory.step_peak(config, batch, compile=compile, cuda=False, fused=False)
+                est = memory.step_peak(config, batch, compile=compile, cuda=False, inductor=False)
                 real = measured_step_peak(config, batch, compile)
                 rows.append((case_label(variant, options), "compiled" if compile else "eager",
                              f"D={depth} T={seq_len} B={batch}", est, real, est / real - 1))
