@@ -40,6 +40,7 @@ config, batch, mode and torch version: the plan prices every run of a mode in se
 first time.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -171,7 +172,7 @@ def _fake_model(config, bf16):
     """The model with fake parameters, its embedding tables in bf16 as on CUDA (gpt.init_weights)."""
     from nanochat.gpt import GPT
     model = GPT(traced_config(config))
-    if bf16:
+    if bf16:  # not cast_embeddings: Module.to cannot swap a fake parameter's data
         for emb in (model.transformer.wte, *model.value_embeds.values()):
             emb.weight = torch.nn.Parameter(emb.weight.to(torch.bfloat16))
     return model
@@ -187,17 +188,24 @@ def _node_bytes(node):
     return sum(_nbytes(v) for v in (val if isinstance(val, (list, tuple)) else [val]) if isinstance(v, torch.Tensor))
 
 
-def _eager_step_peak(model, idx, targets, autocast):
-    """Peak bytes of forward + backward, parameters excluded, by MemTracker."""
+def tracked_peak(model, step):
+    """Peak bytes of step() (a forward and backward of model) above the model's parameters and
+    buffers, by torch's MemTracker."""
     from torch.distributed._tools.mem_tracker import MemTracker
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
+        step()
+    peak = tracker.get_tracker_snapshot("peak")[next(model.parameters()).device]
+    return peak["Total"] - sum(peak[k] for k in peak if k != "Total" and k.value in ("Parameter", "Buffer"))
+
+
+def _eager_step_peak(model, idx, targets, autocast):
+    def step():
         with autocast:
             loss = model(idx, targets)
         loss.backward()
-    peak = tracker.get_tracker_snapshot("peak")[idx.device]
-    return peak["Total"] - sum(peak[k] for k in peak if k != "Total" and k.value in ("Parameter", "Buffer"))
+    return tracked_peak(model, step)
 
 
 def _is_view(node):
@@ -345,8 +353,8 @@ def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
     logits, gradients), traced on fake tensors. `cuda`: bf16 autocast with CUDA's dtype rules
     and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    rules = cuda_autocast_rules() if cuda else _Null()
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else _Null()
+    rules = cuda_autocast_rules() if cuda else contextlib.nullcontext()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     with FakeTensorMode(), rules:
         model = _fake_model(config, bf16=cuda)
         shape = (device_batch, config.sequence_len)
@@ -357,25 +365,17 @@ def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
         return _eager_step_peak(model, idx, targets, autocast)
 
 
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 # ----------------------------------------------------------------------------- static parts
 
 def static_bytes(config, world_size, cuda=True):
     """(params, grads, optimizer state) bytes per rank, from the model's optimizer groups
     (gpt.param_groups) and DistMuonAdamW's sharding rules."""
+    from nanochat.gpt import GPT
     from nanochat.optim import _sharded
     with torch.device("meta"):
-        model = _meta_model(config)
+        model = GPT(config)
     if cuda:
-        for emb in (model.transformer.wte, *model.value_embeds.values()):
-            emb.to(dtype=torch.bfloat16)
+        model.cast_embeddings(torch.bfloat16)
     params = sum(_nbytes(p) for p in model.parameters())
     state = 0
     for group in model.param_groups():
@@ -390,11 +390,6 @@ def static_bytes(config, world_size, cuda=True):
             rows, cols = p.shape
             state += owned * (_nbytes(p) + max(rows, cols) * p.element_size())
     return params, params, state
-
-
-def _meta_model(config):
-    from nanochat.gpt import GPT
-    return GPT(config)
 
 
 # ----------------------------------------------------------------------------- the estimate

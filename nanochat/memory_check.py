@@ -39,7 +39,6 @@ def measured_step_peak(config, device_batch, compile):
     buffers excluded (what `memory.step_peak` estimates). Compiled: the partition of
     `memory.aot_step` on real tensors (MemTracker, a dispatch mode, cannot watch a
     torch.compile'd module: dynamo runs it eagerly under one), after a first step that traces it."""
-    from torch.distributed._tools.mem_tracker import MemTracker
     torch.manual_seed(0)
     model = build_model(config, "cpu")
     step = memory.aot_step(model)[0] if compile else model
@@ -47,12 +46,7 @@ def measured_step_peak(config, device_batch, compile):
     if compile:
         step(idx, idx).backward()
         model.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        step(idx, idx).backward()
-    peak = tracker.get_tracker_snapshot("peak")[idx.device]
-    return peak["Total"] - sum(peak[k] for k in peak if k != "Total" and k.value in ("Parameter", "Buffer"))
+    return memory.tracked_peak(model, lambda: step(idx, idx).backward())
 
 
 def check_rows(cases=CASES, sizes=SIZES, modes=(False, True)):

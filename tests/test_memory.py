@@ -2,6 +2,7 @@
 compiled trace held to torch.compile's partition, CUDA's dtype rules from the dispatcher, the
 optimizer state against a real optimizer's, and --device-batch-size auto on a patched GPU."""
 
+import contextlib
 import types
 
 import pytest
@@ -54,7 +55,7 @@ def test_the_traced_partition_is_torch_compiles():
     # dynamo lifts the parameters as inputs: saved inputs and views of them are not new memory
     saved = sum(v.numel() * v.element_size() for n in graphs["fw"].graph.output_node().args[0][1:]
                 if isinstance(v := n.meta.get("val"), torch.Tensor) and memory._bases(graphs["fw"])[n] not in inputs)
-    traced = memory._compiled_step_peak(model, idx, idx, memory._Null(), inductor=False)[1]
+    traced = memory._compiled_step_peak(model, idx, idx, contextlib.nullcontext(), inductor=False)[1]
     assert traced == pytest.approx(saved, rel=0.05)
 
 
@@ -169,3 +170,11 @@ def test_gpu_memory_by_name():
     assert memory.gpu_memory_gib("NVIDIA L40S") == 48
     assert memory.gpu_memory_gib("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 96
     assert memory.gpu_memory_gib("Quadro K600") is None
+
+
+def test_gpu_check_reports_the_estimate_where_it_measures():
+    from scripts.gpu_check import estimated_step_mib
+    config = check.small_config("residual", {}, 1, 64)
+    assert estimated_step_mib(config, 2, False, torch.device("cpu")) is None  # nothing measured off CUDA
+    mib = estimated_step_mib(config, 2, False, torch.device("cuda"))
+    assert mib == memory.cached_step_peak(config, 2, compile=False) / 2**20 and mib > 0
