@@ -12,9 +12,14 @@ An estimate (`estimate`) is the sum, per rank, of
   min-cut partition with Inductor's decompositions (what torch.compile keeps for the backward),
   then a walk over the forward and backward graphs counting the buffers live at each node;
 - gradient accumulation: after the first micro-step the gradients stay live through the others;
+  the optimizer step, after the activations are freed, holds the gradients and a stacked copy;
 - a margin: `MARGIN_FRACTION` of the peak for the caching allocator (fragmentation; base_train
   sets expandable_segments) and `MARGIN_GIB` outside it (CUDA context, NCCL buffers, cuBLAS
   workspaces), which `torch.cuda.max_memory_allocated` does not see.
+
+The model is traced whole, at the run's own batch and length, rather than a block at a small
+size scaled by tokens: fake tensors cost no memory and their trace time does not depend on the
+batch or the length (only on the number of ops), so nothing is extrapolated.
 
 CUDA's dtypes without a GPU: the trace runs on fake CPU tensors under CPU bf16 autocast, with
 CUDA's fp32 rules added to the CPU autocast key for the ops CUDA's autocast has a kernel for and

@@ -178,3 +178,12 @@ def test_gpu_check_reports_the_estimate_where_it_measures():
     assert estimated_step_mib(config, 2, False, torch.device("cpu")) is None  # nothing measured off CUDA
     mib = estimated_step_mib(config, 2, False, torch.device("cuda"))
     assert mib == memory.cached_step_peak(config, 2, compile=False) / 2**20 and mib > 0
+
+
+def test_variants_relative_to_the_first():
+    """hc_report --memory's rows: each variant's estimate and its ratio to the first's peak."""
+    rows = check.gpu_rows(["residual", "kromhc"], depth=1, batch=2, seq_len=64, world_size=2, vocab_size=512,
+                          modes=(False,))
+    (_, _, residual, one), (variant, mode, kromhc, ratio) = rows
+    assert (variant, mode, one) == ("kromhc", "eager", 1.0)
+    assert ratio == kromhc.peak / residual.peak > 1  # n = 4 streams cost memory over one
