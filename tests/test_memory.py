@@ -187,3 +187,37 @@ def test_variants_relative_to_the_first():
     (_, _, residual, one), (variant, mode, kromhc, ratio) = rows
     assert (variant, mode, one) == ("kromhc", "eager", 1.0)
     assert ratio == kromhc.peak / residual.peak > 1  # n = 4 streams cost memory over one
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="fake CUDA tensors need a CUDA build of torch")
+def test_emulated_rules_save_what_cuda_autocast_saves():
+    """On a CUDA build: the forward's saved activations (token-major ones; attention's internals
+    differ by kernel) have the same shapes and dtypes under real CUDA autocast on fake CUDA
+    tensors as under CPU autocast with the emulated rules."""
+    from collections import Counter
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    config = memory.traced_config(check.small_config("kromhc", {}, 2, 64))
+
+    def saved(device):
+        with FakeTensorMode(), torch.device(device):
+            model = memory._fake_model(config, bf16=True)
+            idx = torch.randint(0, config.vocab_size, (2, 64))
+            seen = Counter()
+
+            def pack(t):
+                if tuple(t.shape[:2]) == (2, 64):
+                    seen[(tuple(t.shape), t.dtype)] += 1
+                return t
+            rules = memory.cuda_autocast_rules() if device == "cpu" else contextlib.nullcontext()
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" else contextlib.nullcontext()
+            if device == "cuda":  # torch.autocast("cuda") disables itself without a GPU
+                torch.set_autocast_enabled("cuda", True)
+                torch.set_autocast_dtype("cuda", torch.bfloat16)
+            try:
+                with rules, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    model(idx, idx)
+            finally:
+                torch.set_autocast_enabled("cuda", False)
+        return set(seen)
+    assert saved("cpu") == saved("cuda")
