@@ -108,8 +108,8 @@ def choose_device_batch(args, config, device, world_size, use_compile):
     mode = "compiled" if use_compile else "eager"
     if batch is None:
         raise SystemExit(f"error: the model does not fit in {memory} even at device batch 1 ({mode}, estimated "
-                         f"{est.needed / GIB:.1f} GiB with the margin): use a GPU with more memory, a shorter "
-                         f"--max-seq-len, or --compile true")
+                         f"{est.needed / GIB:.1f} GiB with the margin): use a GPU with more memory"
+                         + (", --compile true" if not use_compile else "") + " or a shorter --max-seq-len")
     why = ("the config's value fits" if batch == first.device_batch else
            f"{first.device_batch} would need {first.needed / GIB:.1f} GiB")
     return batch, (f"device batch {batch} (--device-batch-size auto, {mode}, {world_size} rank(s)): estimated "
