@@ -17,6 +17,9 @@ else none and the plan says so. A run whose steps a FLOPs budget or a data ratio
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
 device, which costs a torch import: done only when a throughput can use it).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
+Memory (`fit`): a run's estimated peak per rank (nanochat/memory.py) at the device batch it will
+use on a GPU of known memory: the config's, or under --device-batch-size auto the batch
+base_train will choose; a run that fits at no batch is refused (`refused`).
 """
 
 import contextlib
