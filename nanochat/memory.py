@@ -255,8 +255,9 @@ def graph_peak(gm, held, inductor=True):
     output or an op that is neither fusible nor a reduction (a matmul, attention) reads it (the
     rest is computed inside their consumers' kernels), and an input freed after its last use
     (the boxed calling convention hands the graph its inputs); else op by op, the inputs held
-    to the end, as backend "aot_eager_decomp_partition" runs it. No torch tool models Inductor's fusion (MemTracker on the decomposed graphs counts every
-    intermediate: 32 GiB of them for the head's backward at D=12, batch 32), hence this walk."""
+    to the end, as backend "aot_eager_decomp_partition" runs it. No torch tool models
+    Inductor's fusion (MemTracker on the decomposed graphs counts every intermediate: 32 GiB of
+    them for the head's backward at D=12, batch 32), hence this walk."""
     nodes = list(gm.graph.nodes)
     base = _bases(gm)
     materialized = set()

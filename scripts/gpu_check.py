@@ -484,7 +484,8 @@ def markdown(result):
                            [[r["depth"], r["label"], r["batch"], f"{r['median_ms']:.1f}", f"{r['spread_pct']:.1f}%",
                              f"{r['tokens_per_s']:,.0f}", _f(r["mfu_pct"], ".1f"), _f(r["vs_residual"], ".3f"),
                              _f(r["vs_mhc"], ".3f"), _f(r["vs_full_causal"], ".3f"), _f(r["step_peak_mib"], ",.0f"),
-                             _f(r.get("estimate_step_mib"), ",.0f"), f"{r['param_mib']:,.0f}"] for r in result["model"]]),
+                             _f(r.get("estimate_step_mib"), ",.0f"), f"{r['param_mib']:,.0f}"]
+                            for r in result["model"]]),
                   "", "Ratios are per token (batches may differ after an OOM halving); compiled: "
                   f"{result['model'][0]['compiled']}."]
     if result.get("grads"):

@@ -370,7 +370,8 @@ def print_memory_check():
     print("estimate vs the measured peak of a real fp32 CPU step (live tensor bytes above the parameters, KiB); "
           "width 64, vocab 512:")
     print(text_table(("case", "mode", "size", "estimate", "measured", "error"),
-                     [(c, m, size, f"{e / 1024:.0f}", f"{r / 1024:.0f}", f"{err:+.1%}") for c, m, size, e, r, err in rows]))
+                     [(c, m, size, f"{e / 1024:.0f}", f"{r / 1024:.0f}", f"{err:+.1%}")
+                      for c, m, size, e, r, err in rows]))
     bad = outside_tolerance(rows)
     print(f"{len(rows) - len(bad)} of {len(rows)} within the tolerance ({EAGER_TOLERANCE:.0%} eager, "
           f"{COMPILED_TOLERANCE:.0%} compiled)")
