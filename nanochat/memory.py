@@ -320,9 +320,13 @@ def aot_step(model):
 
     def step(idx, targets):
         # The model's code takes its compiled branches (torch.compiler.is_compiling(): the stream
-        # ops' plain forms) while AOTAutograd traces it, as under torch.compile.
-        with torch.compiler._compile_session_context():
+        # ops' plain forms) while AOTAutograd traces it, as under torch.compile, which sets the
+        # same flag, the one is_compiling() reads.
+        compiling, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+        try:
             return compiled(list(params.values()), list(buffers.values()), idx, targets)
+        finally:
+            torch.compiler._is_compiling_flag = compiling
     return step, graphs
 
 
