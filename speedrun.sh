@@ -22,7 +22,9 @@
 # and four more), LADDER_RATIO (default 20 tokens per scaling parameter), FLOPS_BUDGETS (default
 # "2e17 6e17 2e18"). Their plan prices runs nothing has measured at an assumed MFU (PLAN_MFU,
 # default 0.4) of the peak of the GPU nvidia-smi names (PLAN_GPU overrides it, e.g. to plan a
-# node from a login machine); the arithmetic of the defaults is in docs/compute_multiplier.md.
+# node from a login machine); the arithmetic of the defaults is in docs/compute_multiplier.md. On GPUs
+# every mode's plan also shows each run's estimated peak memory per rank and its device batch
+# (base_train --device-batch-size auto; PLAN_MEMORY=0 skips the estimates).
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
 # default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
@@ -126,6 +128,9 @@ else
     UNIT=GPU
     GPU_NAME="${PLAN_GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)}"
     PLAN_ARGS+=(--gpu-name "$GPU_NAME" --mfu "${PLAN_MFU:-0.4}")
+    # Each run's peak memory per rank and the device batch base_train's auto will choose on that
+    # GPU (a run that fits at no batch stops the mode here); PLAN_MEMORY=0 skips the estimates.
+    [ "${PLAN_MEMORY:-1}" = 0 ] || PLAN_ARGS+=(--memory --auto-batch)
 fi
 PLAN_FILE="$NANOCHAT_BASE_DIR/speedrun_$MODE.tsv"
 python -m scripts.plan "${PLAN_ARGS[@]}" --unit "$UNIT" --tsv "$PLAN_FILE"
@@ -182,6 +187,8 @@ fi
 lm_eval_ready
 TRAIN_ARGS=()
 [ "$CORE" = 1 ] || TRAIN_ARGS=(--core-metric-every -1)
+# On GPUs each run's device batch is the largest that fits (README.md, "Will it fit?").
+[ "$MODE" = cpu ] || TRAIN_ARGS+=(--device-batch-size auto)
 EVALS="bpb,sample"
 [ "$CORE" = 1 ] && EVALS="core,$EVALS"
 status=0

@@ -17,6 +17,9 @@ else none and the plan says so. A run whose steps a FLOPs budget or a data ratio
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
 device, which costs a torch import: done only when a throughput can use it).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
+Memory (`fit`): a run's estimated peak per rank (nanochat/memory.py) at the device batch it will
+use on a GPU of known memory: the config's, or under --device-batch-size auto the batch
+base_train will choose; a run that fits at no batch is refused (`refused`).
 """
 
 import contextlib
@@ -190,6 +193,18 @@ def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
 
 
 _SHAPES = {}  # (config, flags without the seed's) -> (steps, flops per token): one build per shape
+_FITS = {}  # (config, flags without the seed's, GPU memory, ranks, auto) -> Fit
+
+
+def _shape_key(run):
+    return (run.config, tuple(run.flags[:run.flags.index("--model-tag")] if "--model-tag" in run.flags else run.flags))
+
+
+def _train_args(key):
+    """base_train's settings of a run (SystemExit or ValueError for a bad one)."""
+    from nanochat.train_config import parse_args
+    with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text: training will say why
+        return parse_args(["--config", key[0], *key[1]])
 
 
 def resolve(run):
@@ -197,15 +212,14 @@ def resolve(run):
     config gives none) and its FLOPs per token, from the model built on the meta device."""
     if run.flops_per_token is not None:
         return run
-    key = (run.config, tuple(run.flags[:run.flags.index("--model-tag")] if "--model-tag" in run.flags else run.flags))
+    key = _shape_key(run)
     if key not in _SHAPES:
         import torch
 
         from nanochat.gpt import GPT
-        from nanochat.train_config import model_config_for, num_iterations_for, parse_args
+        from nanochat.train_config import model_config_for, num_iterations_for
         try:
-            with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text: training will say why
-                args = parse_args(["--config", run.config, *key[1]])
+            args = _train_args(key)
             with torch.device("meta"):
                 model = GPT(model_config_for(args, args.vocab_size or DEFAULT_VOCAB))
             steps, _ = num_iterations_for(args, model, args.total_batch_size)
@@ -216,6 +230,63 @@ def resolve(run):
     if run.steps is None:
         run.steps = steps
     return run
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A run's memory on one GPU: the device batch it will use (None: it fits at no batch),
+    the estimate at that batch (at the smallest tried when none fits), and whether the batch
+    was chosen to fit (--device-batch-size auto) or is the config's."""
+    batch: int | None
+    estimate: object  # nanochat.memory.Estimate
+    auto: bool
+    fits: bool
+
+
+def fit(run, nproc, memory_bytes=None, auto=False):
+    """The device batch and estimated peak per rank of a run on nproc GPUs of memory_bytes
+    each (nanochat/memory.py; compiled unless its config says otherwise, as base_train runs on
+    a GPU). auto, or a config whose device batch is auto: the largest fitting power of two up
+    to the config's value, as base_train picks it; else the config's value. None for a run
+    whose settings are bad (training will say why)."""
+    key = (*_shape_key(run), memory_bytes, nproc, auto)
+    if key not in _FITS:
+        from nanochat import memory
+        from nanochat.train_config import AUTO, model_config_for
+        try:
+            args = _train_args(key[:2])
+            config = model_config_for(args, args.vocab_size or DEFAULT_VOCAB)
+        except (ValueError, SystemExit):
+            _FITS[key] = None
+            return None
+        choose = auto or args.device_batch_size == AUTO
+        cap = args.device_batch_cap if args.device_batch_size == AUTO else args.device_batch_size
+        row = args.max_seq_len * nproc
+        compile = args.compile if args.compile is not None else True
+        accum_for = lambda b: max(1, args.total_batch_size // (b * row))  # noqa: E731
+        if choose and memory_bytes is not None:
+            batch, est, _ = memory.fitting_batch(config, cap, memory_bytes, accum_for, nproc, compile,
+                                                 allowed=lambda b: args.total_batch_size % (b * row) == 0)
+            _FITS[key] = Fit(batch, est, True, batch is not None)
+        else:
+            est = memory.estimate(config, cap, nproc, accum_for(cap), compile)
+            fits = memory_bytes is None or est.needed <= memory_bytes
+            if not fits and memory.estimate(config, 1, nproc, accum_for(1), compile).needed > memory_bytes:
+                _FITS[key] = Fit(None, est, False, False)  # not even batch 1 would fit
+            else:
+                _FITS[key] = Fit(cap, est, False, fits)
+    return _FITS[key]
+
+
+def memory_cells(f):
+    """The plan's memory columns of a Fit: peak per rank and the device batch."""
+    from nanochat.memory import GIB
+    if f is None:
+        return "—", "—"
+    peak = f"{f.estimate.peak / GIB:.1f} GiB"
+    if f.batch is None:
+        return peak, "none fits"
+    return peak, f"{f.batch}" + (" (auto)" if f.auto else "" if f.fits else " (too big)")
 
 
 def shards_needed(runs):
@@ -370,10 +441,11 @@ def format_flops(value):
     return "—" if value is None else f"{value:.2e}"
 
 
-def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
+def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     """The plan as text: the total first, then one line per run, then what could not be
     estimated and what the estimate assumes. `unit` names what nproc counts (GPU, or CPU process
-    for the offline demo); every run is sized (`resolve`) so that its tokens and FLOPs show."""
+    for the offline demo); every run is sized (`resolve`) so that its tokens and FLOPs show.
+    memory: a Memory, for the columns of each run's peak per rank and device batch."""
     from nanochat.common import text_table
     rows, total, unknown, kinds = [], 0.0, [], set()
     for r in runs:
@@ -389,7 +461,8 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
         rate = "—" if m is None else {"≈": "≈ ", "assumed": "assumed "}.get(kind, "") + format_count(m.per_gpu) \
             + ("" if kind == "assumed" else f" ({m.source})")
         rows.append((r.tag, r.variant, r.depth, "—" if r.steps is None else r.steps, format_count(r.tokens),
-                     format_flops(r.flops), status, rate, "—" if secs is None else f"{secs * nproc / 3600:.2f}"))
+                     format_flops(r.flops), status, rate, "—" if secs is None else f"{secs * nproc / 3600:.2f}")
+                    + (memory_cells(fit(r, nproc, memory.bytes, memory.auto)) if memory else ()))
     todo = [r for r in runs if not r.finished]
     head = f"{len(todo)} of {len(runs)} runs to train, on {nproc} x {unit}"
     if len(unknown) == len(todo) and todo:
@@ -400,7 +473,8 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
                  + (" (partly assumed, see below)" if "assumed" in kinds and kinds - {"assumed", None}
                     else " (assumed, see below)" if "assumed" in kinds else "")]
     lines.append(text_table(("run", "variant", "D", "steps", "tokens", "FLOPs", "status",
-                             f"tokens/s per {unit} (from)", f"{unit}-hours"), rows))
+                             f"tokens/s per {unit} (from)", f"{unit}-hours")
+                            + (("peak per rank", "device batch") if memory else ()), rows))
     if unknown:
         reason = ("no tokens/s measured yet (no finished run and no gpu_check.json; run "
                   "`python -m scripts.gpu_check` to measure one)" if not measured else
@@ -411,7 +485,48 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None):
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
     lines.append("≈: measured on another variant of the same depth. Evaluation time is not included.")
+    if memory:
+        lines.append(memory.describe())
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The GPU the plan sizes device batches for: its name, its memory (None: unknown, the
+    estimates are shown at the configs' batches) and whether base_train chooses the batch."""
+    gpu: str
+    bytes: int | None
+    auto: bool
+
+    def describe(self):
+        from nanochat.memory import GIB, MARGIN_FRACTION, MARGIN_GIB
+        where = (f"the {self.gpu}'s {self.bytes / GIB:.0f} GiB (NVIDIA's data sheet)" if self.bytes else
+                 "no GPU of known memory (set PLAN_GPU / --gpu-name): the configs' batches, unchecked")
+        return (f"peak per rank: estimated max_memory_allocated of a training step at that device batch "
+                f"(nanochat/memory.py; compiled, bf16), which with {MARGIN_FRACTION:.0%} + {MARGIN_GIB:g} GiB of "
+                f"margin must fit {where}; device batch: "
+                + ("the largest power of two up to the config's that fits (--device-batch-size auto)" if self.auto
+                   else "the config's") + ".")
+
+
+def memory_for(gpu_name, auto):
+    """The Memory of a GPU by name (its memory from nanochat.memory's table, None when unknown)."""
+    from nanochat.memory import GIB, gpu_memory_gib
+    gib = gpu_memory_gib(gpu_name) if gpu_name else None
+    return Memory(gpu_name, None if gib is None else gib * GIB, auto)
+
+
+def refused(runs, nproc, memory):
+    """The error line for the runs still to train that fit the GPU at no device batch, or None."""
+    from nanochat.memory import GIB
+    bad = [(r, f) for r in runs if not r.finished and (f := fit(r, nproc, memory.bytes, memory.auto)) is not None
+           and f.batch is None]
+    if not bad:
+        return None
+    return (f"error: {', '.join(r.tag for r, _ in bad)} cannot fit on the {memory.gpu} "
+            f"({memory.bytes / GIB:.0f} GiB) even at device batch 1 (estimated "
+            f"{max(f.estimate.needed for _, f in bad) / GIB:.1f} GiB with the margin): train them on a GPU with more "
+            "memory, or shorten --max-seq-len")
 
 
 def progress_line(runs, k, measured, nproc, assumption=None):

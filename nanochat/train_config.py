@@ -14,6 +14,21 @@ from nanochat.cli import (boolean, choice, existing_dir, finite_float, fraction,
 from nanochat.preempt import parse_signals
 
 
+AUTO = "auto"
+_positive_int = positive_int()
+
+
+def device_batch(text):
+    """--device-batch-size: a positive integer, or auto (base_train sizes it to the GPU)."""
+    if str(text).strip().lower() == AUTO:
+        return AUTO
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+
+
+device_batch.numeric = True
 NEVER = {-1: "never"}  # the special value of the "every N steps" flags
 # The parser of a variant's own config field whose module names none (FIELD_TYPES), by the
 # type of its default; a list or another type needs one named.
@@ -98,7 +113,10 @@ FLAGS = [
     ("target_param_data_ratio", positive_float({-1: "unused"}), 10.5,
      "tokens : scaling params ratio when no steps/flops are given (-1 = unused)"),
     # batch
-    ("device_batch_size", positive_int(), 32, "rows per rank per micro-step"),
+    ("device_batch_size", device_batch, 32,
+     "rows per rank per micro-step, or auto: on a GPU the largest power of two up to the config's value (the "
+     "TOML's number, else 32) whose estimated peak memory fits the GPU with a margin (nanochat/memory.py), "
+     "gradient accumulation keeping the total batch; on a CPU auto falls back to that value"),
     ("total_batch_size", positive_int(), 524288, "tokens per optimizer step (gradient accumulation fills it)"),
     # optimization
     ("embedding_lr", nonneg_float(), 0.3, "AdamW LR of wte and value embeddings (x (C/768)^-0.5; 0 freezes them)"),
@@ -143,7 +161,7 @@ FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS}
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
                      "keep_checkpoints", "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels",
-                     "save_on_signal", "dist_timeout"}
+                     "save_on_signal", "dist_timeout", "device_batch_size"}
 
 
 def build_parser():
@@ -188,6 +206,9 @@ def parse_args(argv=None):
                     raise SystemExit(f"error: {first.config}: bad value for {name}: {e}") from None
         parser.set_defaults(**values)
     args = parser.parse_args(argv)
+    # The most --device-batch-size auto may choose: the config's own number.
+    toml_batch = values.get("device_batch_size") if first.config else None
+    args.device_batch_cap = toml_batch if isinstance(toml_batch, int) else FLAG_DEFAULTS["device_batch_size"]
     if args.warmup_ratio + args.warmdown_ratio > 1:
         parser.error(f"argument --warmdown-ratio: warmup ({args.warmup_ratio}) and warmdown "
                      f"({args.warmdown_ratio}) together exceed the run; make their sum at most 1")

@@ -41,8 +41,8 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
-from nanochat.train_config import (FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, model_config_for,  # noqa: E402
-                                   num_iterations_for, parse_args, settings)
+from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml,  # noqa: E402
+                                   model_config_for, num_iterations_for, parse_args, settings)
 
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
                   "If yesterday was Friday, then tomorrow will be", "The opposite of hot is",
@@ -89,14 +89,56 @@ def grad_accum_steps(total_batch_size, device_batch_size, seq_len, world_size):
         + f"--total-batch-size {upper}" + (f" or {lower}" if lower > 0 else "") + ".")
 
 
-def check_resume_settings(saved, current, saved_world, world_size):
-    """Settings that shape the trajectory must be the run's own. On another number of ranks
-    --device-batch-size may change as well (it only splits the total batch, and such a resume
-    is not bitwise anyway), so that the total batch divides among the new ranks."""
-    resumable = RESUMABLE_CHANGES | ({"device_batch_size"} if saved_world != world_size else set())
+def choose_device_batch(args, config, device, world_size, use_compile):
+    """--device-batch-size auto: (batch, the log line). On a GPU the largest power of two up to
+    the config's value whose estimated peak (nanochat/memory.py) fits the device's total
+    memory with the margin, among the batches the total batch divides into; on another
+    device the config's value. A model that fits at no batch is refused here, before the run
+    spends anything."""
+    cap, T = args.device_batch_cap, args.max_seq_len
+    if device.type != "cuda":
+        return cap, (f"device batch {cap}: --device-batch-size auto sizes batches to a GPU's memory; on "
+                     f"{device.type} it is the config's value")
+    from nanochat.memory import GIB, fitting_batch
+    props = torch.cuda.get_device_properties(device)
+    divides = lambda b: args.total_batch_size % (b * T * world_size) == 0  # noqa: E731
+    batch, est, first = fitting_batch(config, cap, props.total_memory, world_size=world_size, compile=use_compile,
+                                      accum_for=lambda b: args.total_batch_size // (b * T * world_size),
+                                      allowed=divides)
+    memory = f"{props.total_memory / GIB:.1f} GiB of the {props.name}"
+    mode = "compiled" if use_compile else "eager"
+    if batch is None:
+        raise SystemExit(f"error: the model does not fit in {memory} even at device batch 1 ({mode}, estimated "
+                         f"{est.needed / GIB:.1f} GiB with the margin): use a GPU with more memory"
+                         + (", --compile true" if not use_compile else "") + " or a shorter --max-seq-len")
+    why = ("the config's value fits" if batch == first.device_batch else
+           f"{first.device_batch} would need {first.needed / GIB:.1f} GiB")
+    return batch, (f"device batch {batch} (--device-batch-size auto, {mode}, {world_size} rank(s)): estimated "
+                   f"{est.describe()}, within {memory}; {why}")
+
+
+def out_of_memory(e, args, world_size, step, saved_step):
+    """The error line of a step that ran out of GPU memory: the next smaller device batch the
+    total batch divides into, and how the run continues (a resume may change the device batch)."""
+    B, T = args.device_batch_size, args.max_seq_len
+    smaller = [b for b in range(B - 1, 0, -1) if args.total_batch_size % (b * T * world_size) == 0]
+    fix = (f"run the same command with --device-batch-size {smaller[0]} --resume true (gradient accumulation keeps "
+           f"the total batch)" if smaller else "the model does not fit at device batch 1: use a GPU with more memory "
+           "or a shorter --max-seq-len")
+    where = (f"it continues from the checkpoint of step {saved_step}" if saved_step is not None
+             else "no checkpoint was saved yet, so it starts over")
+    return (f"error: out of GPU memory at device batch {B}, step {step} ({str(e).splitlines()[0]}): {fix}"
+            + (f"; {where}" if smaller else ""))
+
+
+def check_resume_settings(saved, current):
+    """Settings that shape the trajectory must be the run's own. --device-batch-size may change
+    (RESUMABLE_CHANGES): it only splits each step's rows, which the data loader packs alike
+    whatever the split, so that a run that ran out of memory continues at a smaller batch; the
+    gradients then sum in another order (not bitwise)."""
     # A setting added after the run was saved is absent from its record; at its default it
     # means what the run did.
-    changed = sorted(k for k in current if k not in resumable
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES
                      and saved.get(k, FLAG_DEFAULTS.get(k)) != current[k])
     if changed:
         details = ", ".join(f"{k}: {saved.get(k, FLAG_DEFAULTS.get(k))!r} -> {current[k]!r}" for k in changed)
@@ -226,6 +268,10 @@ def main(argv=None):
     if config.hc_kernels == "liger" and not liger.runs_on(device.type):
         raise SystemExit(f"error: --hc-kernels liger runs Triton kernels on CUDA only, not on {device.type}; "
                          f"use --hc-kernels torch or auto")
+    use_compile = args.compile if args.compile is not None else device.type == "cuda"
+    if args.device_batch_size == AUTO:
+        args.device_batch_size, batch_note = choose_device_batch(args, config, device, info.world_size, use_compile)
+        print0(batch_note)
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
     values = settings(args)
@@ -244,7 +290,7 @@ def main(argv=None):
             print0(f"--resume: no complete checkpoint in {run_dir}; starting from scratch")
         else:
             resume_meta = ckpt.load_meta(run_dir, step)
-            check_resume_settings(resume_meta["settings"], values, resume_meta["world_size"], info.world_size)
+            check_resume_settings(resume_meta["settings"], values)
             check_resume_groups(resume_meta["settings"], config.hc)
             if resume_meta["model_config"]["vocab_size"] != vocab_size:
                 raise SystemExit(f"error: the run was trained with a {resume_meta['model_config']['vocab_size']}-token "
@@ -263,7 +309,6 @@ def main(argv=None):
     if resume_meta is not None:
         model.load_state_dict(ckpt.load_model_state(run_dir, start_step, device), strict=True)
     orig_model = model
-    use_compile = args.compile if args.compile is not None else device.type == "cuda"
     if use_compile:
         model = torch.compile(model, dynamic=False)
 
@@ -521,29 +566,32 @@ def main(argv=None):
         # runs; the distributed optimizer's reductions start from gradient hooks during the
         # last backward; loss and grad norms are read only after the whole step is queued.
         t0 = time.time()
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            x, y = batch if batch is not None else next(train_loader)
-            batch = None
-            with autocast:
-                loss = model(x, y)
-            loss_sum += loss.detach()
-            if micro == accum - 1:
-                optimizer.launch_reductions_in_backward()
-            (loss / accum).backward()
-            # Prefetch the next micro-batch. Across the step boundary, first note the loader's
-            # state: a checkpoint of the next step must not count the prefetched batch.
-            if micro == accum - 1 and step + 1 < num_iterations:
-                batch_state = train_loader.state_dict()
-            if micro < accum - 1 or step + 1 < num_iterations:
-                batch = next(train_loader)
-        lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * lrm
-            if group["kind"] == "muon":
-                group["momentum"] = muon_momentum(step)
-                group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay)
-        optimizer.step(measure_grad_norm=True)
+        try:
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = batch if batch is not None else next(train_loader)
+                batch = None
+                with autocast:
+                    loss = model(x, y)
+                loss_sum += loss.detach()
+                if micro == accum - 1:
+                    optimizer.launch_reductions_in_backward()
+                (loss / accum).backward()
+                # Prefetch the next micro-batch. Across the step boundary, first note the loader's
+                # state: a checkpoint of the next step must not count the prefetched batch.
+                if micro == accum - 1 and step + 1 < num_iterations:
+                    batch_state = train_loader.state_dict()
+                if micro < accum - 1 or step + 1 < num_iterations:
+                    batch = next(train_loader)
+            lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lrm
+                if group["kind"] == "muon":
+                    group["momentum"] = muon_momentum(step)
+                    group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay)
+            optimizer.step(measure_grad_norm=True)
+        except torch.cuda.OutOfMemoryError as e:
+            raise SystemExit(out_of_memory(e, args, info.world_size, step, ckpt.latest_step(run_dir))) from None
         model.zero_grad(set_to_none=True)
         # The stop vote rides on the loss's all-reduce: a signal that reached any rank stops all
         # of them after this same step, at no extra collective.

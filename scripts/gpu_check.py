@@ -235,6 +235,16 @@ def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, au
         batch //= 2
 
 
+def estimated_step_mib(config, batch, compile_model, device):
+    """nanochat/memory.py's estimate of step_peak_mib (the step's peak above the parameters),
+    beside the measurement so that the estimate can be corrected from it; None off CUDA, where
+    nothing is measured."""
+    if device.type != "cuda":
+        return None
+    from nanochat.memory import cached_step_peak
+    return cached_step_peak(config, batch, compile=compile_model) / 2**20
+
+
 def model_section(prof, variants, device, dtype, autocast, compile_model, budget):
     """Per depth: every variant plus full-causal residual, timed interleaved in one run. Yields
     the rows so far after each case is compiled (the case, as the budget counts it: the
@@ -270,7 +280,8 @@ def model_section(prof, variants, device, dtype, autocast, compile_model, budget
                 "ms_per_token": summary["median_ms"] / case["tokens"], "flops_per_token": flops,
                 "mfu_pct": 100 * flops * summary["tokens_per_s"] / peak_flops if peak_flops != float("inf") else None,
                 "param_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
-                "step_peak_mib": bench.peak_step_mib(model, case["step"], device)})
+                "step_peak_mib": bench.peak_step_mib(model, case["step"], device),
+                "estimate_step_mib": estimated_step_mib(model.config, case["batch"], compile_model, device)})
         for row in depth_rows:
             for key, ref_label in (("vs_residual", "residual"), ("vs_mhc", "mhc"), ("vs_full_causal", FULL_CAUSAL)):
                 ref = next((r for r in depth_rows if r["label"] == ref_label), None)
@@ -514,11 +525,12 @@ def markdown(result):
     if result.get("model"):
         lines += ["", "## Whole model, forward + backward (no optimizer)", "",
                   md_table(["D", "variant", "B", "median ms", "spread", "tok/s", "MFU %", "x residual", "x mhc",
-                            "x full-causal", "step peak MiB", "params MiB"],
+                            "x full-causal", "step peak MiB", "estimate MiB", "params MiB"],
                            [[r["depth"], r["label"], r["batch"], f"{r['median_ms']:.1f}", f"{r['spread_pct']:.1f}%",
                              f"{r['tokens_per_s']:,.0f}", _f(r["mfu_pct"], ".1f"), _f(r["vs_residual"], ".3f"),
                              _f(r["vs_mhc"], ".3f"), _f(r["vs_full_causal"], ".3f"), _f(r["step_peak_mib"], ",.0f"),
-                             f"{r['param_mib']:,.0f}"] for r in result["model"]]),
+                             _f(r.get("estimate_step_mib"), ",.0f"), f"{r['param_mib']:,.0f}"]
+                            for r in result["model"]]),
                   "", "Ratios are per token (batches may differ after an OOM halving); compiled: "
                   f"{result['model'][0]['compiled']}."]
     if result.get("grads"):

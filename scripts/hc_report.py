@@ -3,6 +3,8 @@ stability diagnostics of a trained checkpoint.
 
 python -m scripts.hc_report --params [--depth D --streams N [--factors 2 2] [--width C]]
 python -m scripts.hc_report --checkpoint RUN_DIR [--step N] [--random-tokens] [--batch-size 4]
+python -m scripts.hc_report --memory [--depth 12] [--batch-size 32] [--nproc 8]
+python -m scripts.hc_report --memory-check
 
 --params prints the model sizes beside the paper's (~60M, ~186M) for both layouts (nanochat at
 the pin; a 65,536 vocab without value embeddings), the FLOP convention's shares at D = 12, n = 4
@@ -16,6 +18,10 @@ in the run directory and prints the per-layer and composite numbers and the stre
 measures (connections/collapse.py) per layer and for the final state; for Block Attention
 Residuals, which has neither streams nor H_res (those measures do not apply), the weights
 each read puts on its sources.
+--memory prints the estimated peak memory per rank on a GPU (nanochat/memory.py: bf16, CUDA's
+dtype rules, T = 2048, vocab 32,768) of every variant, compiled and eager, relative to the
+residual baseline; --memory-check the estimate beside the measured peak of real CPU steps for
+every variant and option, eager and compiled, at two sizes (nanochat/memory_check.py; minutes).
 """
 
 import argparse
@@ -383,18 +389,55 @@ def report_checkpoint(args):
     print(f"\nwrote {path}")
 
 
+def print_memory(args):
+    from nanochat.connections import VARIANTS
+    from nanochat.memory import GIB
+    from nanochat.memory_check import gpu_rows
+    depth, batch = args.depth or 12, args.batch_size
+    rows = [(variant, mode, f"{est.params / GIB:.2f}", f"{est.optimizer / GIB:.2f}", f"{est.step / GIB:.1f}",
+             f"{est.peak / GIB:.1f}", f"{est.needed / GIB:.1f}", f"{ratio:.3f}x")
+            for variant, mode, est, ratio in gpu_rows(list(VARIANTS), depth, batch, world_size=args.nproc)]
+    print(f"estimated peak memory per rank, GiB: D={depth}, device batch {batch}, T=2048, {args.nproc} ranks, bf16 "
+          f"under CUDA's autocast rules of torch {torch.__version__.split('+')[0]} (nanochat/memory.py)")
+    print(text_table(("variant", "mode", "params", "optimizer", "step", "peak", "with margin", "vs residual"), rows))
+    print("step: activations saved for the backward, the head's logits, the transient at the start of the "
+          "backward and the gradients; peak: what max_memory_allocated would show. Goal on a GPU: KromHC <= 1.15x "
+          "residual, compiled.")
+
+
+def print_memory_check():
+    from nanochat.memory_check import COMPILED_TOLERANCE, EAGER_TOLERANCE, check_rows, outside_tolerance
+    rows = check_rows()
+    print("estimate vs the measured peak of a real fp32 CPU step (live tensor bytes above the parameters, KiB); "
+          "width 64, vocab 512:")
+    print(text_table(("case", "mode", "size", "estimate", "measured", "error"),
+                     [(c, m, size, f"{e / 1024:.0f}", f"{r / 1024:.0f}", f"{err:+.1%}")
+                      for c, m, size, e, r, err in rows]))
+    bad = outside_tolerance(rows)
+    print(f"{len(rows) - len(bad)} of {len(rows)} within the tolerance ({EAGER_TOLERANCE:.0%} eager, "
+          f"{COMPILED_TOLERANCE:.0%} compiled)")
+    if bad:
+        raise SystemExit(f"error: {len(bad)} estimate(s) outside the tolerance: "
+                         + ", ".join(f"{c} {m} {s}" for c, m, s, *_ in bad))
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.hc_report", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--params", action="store_true", help="parameter tables beside the paper's")
     mode.add_argument("--checkpoint", metavar="RUN_DIR", help="run directory (or model tag) to diagnose")
-    parser.add_argument("--depth", type=positive_int(), default=None, help="--params: also tabulate this depth")
+    mode.add_argument("--memory", action="store_true", help="estimated GPU memory per rank of every variant")
+    mode.add_argument("--memory-check", action="store_true", help="the memory estimate against real CPU steps")
+    parser.add_argument("--depth", type=positive_int(), default=None,
+                        help="--params: also tabulate this depth; --memory: the depth (default 12)")
     parser.add_argument("--streams", type=positive_int(), default=None, help="--params: ... and this n (default 4)")
     parser.add_argument("--factors", type=int_at_least(2), nargs="+", default=None, help="--params: KromHC factors")
     parser.add_argument("--width", type=positive_int(), default=None,
                         help="--params: model width C (default from depth)")
     parser.add_argument("--step", type=nonneg_int(), default=None, help="--checkpoint: step (default: latest complete)")
-    parser.add_argument("--batch-size", type=positive_int(), default=4, help="--checkpoint: rows of tokens")
+    parser.add_argument("--batch-size", type=positive_int(), default=None,
+                        help="--checkpoint: rows of tokens (default 4); --memory: device batch (default 32)")
+    parser.add_argument("--nproc", type=positive_int(), default=8, help="--memory: ranks (default 8)")
     parser.add_argument("--seq-len", type=positive_int(), default=None,
                         help="--checkpoint: tokens per row (default: model's)")
     parser.add_argument("--random-tokens", action="store_true", help="--checkpoint: random ids instead of val data")
@@ -411,7 +454,13 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.params:
         print_params(args)
+    elif args.memory:
+        args.batch_size = args.batch_size or 32
+        print_memory(args)
+    elif args.memory_check:
+        print_memory_check()
     else:
+        args.batch_size = args.batch_size or 4
         report_checkpoint(args)
 
 

@@ -15,6 +15,7 @@ tag, `all` or `train` (train: no evaluation after training), then the extra base
 tab-separated; speedrun.sh trains them in that order. Throughput comes from finished runs under
 <base dir>/runs, else from <base dir>/gpu_check.json (or --gpu-check FILE), else, for a GPU
 named by --gpu-name whose peak is known, from an assumed MFU (--mfu); see nanochat/plan.py.
+--memory adds each run's estimated peak memory per rank and device batch on that GPU.
 """
 
 import argparse
@@ -53,6 +54,13 @@ def parse_args(argv=None):
                              "--mfu prices the runs, labelled as an assumption")
     parser.add_argument("--mfu", type=fraction(), default=plan.ASSUMED_MFU,
                         help=f"the MFU assumed with --gpu-name (default {plan.ASSUMED_MFU})")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the estimated peak memory per rank and the device batch of each run on the GPU "
+                             "of --gpu-name (nanochat/memory.py; traces cached under <base dir>/memory); a run that "
+                             "cannot fit even at device batch 1 is refused with an error")
+    parser.add_argument("--auto-batch", action="store_true",
+                        help="with --memory: the runs train with --device-batch-size auto (as speedrun's GPU modes "
+                             "do): each one's batch is the largest power of two up to its config's that fits")
     parser.add_argument("--tsv", help="write the run list here")
     parser.add_argument("--progress", type=positive_int(), metavar="K", help="print only 'run K of N' with the ETA")
     parser.add_argument("--shards", action="store_true",
@@ -109,7 +117,11 @@ def main(argv=None):
         if args.gpu_name and assumption is None:
             print(f"plan: no peak FLOP/s known for GPU {args.gpu_name!r} (nanochat/common.py's table); "
                   "runs without a measurement cannot be priced")
-        print(plan.plan_table(runs, measured, args.nproc, args.unit, assumption))
+        memory = plan.memory_for(args.gpu_name, args.auto_batch) if args.memory else None
+        print(plan.plan_table(runs, measured, args.nproc, args.unit, assumption, memory))
+        refusal = memory and memory.bytes and plan.refused(runs, args.nproc, memory)
+        if refusal:
+            sys.exit(refusal)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,42 @@ def test_full_disk_stops_the_run_and_resume_continues_after_pruning(tmp_path, sm
     assert ckpt.latest_step(run) == 6 and steps_on_disk(run) == [5, 6]
     assert [r["step"] for r in train_records(base, "full")] == list(range(6))
     assert json.load(open(os.path.join(run, "summary.json")))["complete"]
+
+
+OOM_AT_STEP_2 = """
+import sys, torch
+from nanochat import gpt
+from scripts import base_train
+real, calls = gpt.GPT.forward, []
+def forward(self, idx, targets=None, **kwargs):
+    calls.append(targets is not None)
+    if calls.count(True) == 5:  # step 2's first micro-step (2 per step)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (simulated)")
+    return real(self, idx, targets, **kwargs)
+gpt.GPT.forward = forward
+sys.argv[0] = "base_train"
+base_train.cli(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_out_of_memory_names_a_smaller_batch_and_the_run_resumes_at_it(tmp_path, small_corpus_dir, tokenizer_dir):
+    """--device-batch-size auto on a CPU is the config's value; an out-of-memory step ends in
+    one error line naming the next smaller batch, and --resume true at that batch finishes."""
+    from tests.test_train_e2e import TINY, env_for, make_base, train, train_records
+    base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
+    config = tmp_path / "c.toml"
+    config.write_text("device_batch_size = 4\n")
+    args = [*TINY, "--config", str(config), "--device-batch-size", "auto", "--num-iterations", "4", "--save-every",
+            "1", "--model-tag", "oom"]
+    proc = subprocess.run([sys.executable, "-c", OOM_AT_STEP_2, *args], cwd=REPO, env=env_for(base),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "device batch 4: --device-batch-size auto sizes batches to a GPU's memory; on cpu" in proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: out of GPU memory at device batch 4, step 2"), errors
+    assert "--device-batch-size 2 --resume true" in errors[0] and "checkpoint of step 2" in errors[0]
+    train(base, "--num-iterations", "4", "--save-every", "1", "--model-tag", "oom", "--device-batch-size", "2",
+          "--resume", "true")
+    assert [r["step"] for r in train_records(base, "oom")] == list(range(4))
+    assert json.load(open(os.path.join(base, "runs", "oom", "summary.json")))["complete"]

@@ -191,3 +191,35 @@ def test_cli_of_the_ladder_and_the_grid(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             plan_cli.main([*bad, *common])
         assert e.value.code == 2, bad
+
+
+def test_memory_per_rank_and_the_device_batch_on_a_named_gpu(tmp_path, capsys, monkeypatch):
+    """The plan's memory columns: the estimate at the device batch each run will use, chosen as
+    base_train's auto chooses it on the GPU named, and one error line for a run that fits at no
+    batch. The GPU's memory is set between the estimates at batch 4 and 8 of the tiny model."""
+    from nanochat import memory
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path))  # the estimates' disk cache
+    k = write_config(tmp_path, "k", hc="kromhc", depth=2, steps=10, batch=1024, vocab_size=512, max_seq_len=64,
+                     head_dim=32, aspect_ratio=32, device_batch_size=8, compile="false")
+    run = plan.plan_runs([k])[0]
+    from nanochat.gpt import model_config_from_depth
+    config = model_config_from_depth(2, 512, 64, aspect_ratio=32, head_dim=32, hc="kromhc")
+    est = {b: memory.estimate(config, b, 2, 1024 // (b * 64 * 2), compile=False) for b in (8, 4)}
+    room = (est[8].needed + est[4].needed) // 2
+    fit = plan.fit(run, 2, room, auto=True)
+    assert (fit.batch, fit.estimate.peak) == (4, est[4].peak)
+    assert plan.memory_cells(fit) == (f"{est[4].peak / memory.GIB:.1f} GiB", "4 (auto)")
+    assert plan.memory_cells(plan.fit(run, 2, room, auto=False))[1] == "8 (too big)"  # the config's, told
+    table = plan.plan_table([run], [], 2, memory=plan.Memory("Test GPU", room, True))
+    assert "peak per rank" in table and "4 (auto)" in table and "the Test GPU's" in table
+    assert plan.refused([run], 2, plan.Memory("Test GPU", room, True)) is None
+    tiny = plan.Memory("Tiny GPU", 1024, True)
+    assert plan.fit(run, 2, 1024, auto=True).batch is None
+    assert plan.refused([run], 2, tiny).startswith("error: k cannot fit on the Tiny GPU")
+
+    common = ["--configs", k, "--nproc", "2", "--runs-root", str(tmp_path / "runs"), "--gpu-check", "x", "--memory"]
+    plan_cli.main([*common, "--auto-batch", "--gpu-name", "NVIDIA A100-SXM4-40GB"])
+    assert "8 (auto)" in capsys.readouterr().out  # 40 GiB holds the tiny model's batch of 8
+    monkeypatch.setattr(memory, "GPU_MEMORY_GIB", [(("Tiny",), 1e-6)])
+    with pytest.raises(SystemExit, match="^error: k cannot fit on the Tiny GPU .* even at device batch 1"):
+        plan_cli.main([*common, "--auto-batch", "--gpu-name", "Tiny GPU"])

@@ -18,7 +18,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def speedrun(tmp_path, *args, **env):
-    full = dict(os.environ, NANOCHAT_BASE_DIR=str(tmp_path / "base"), NPROC="8", PLAN_GPU=H100, **env)
+    # PLAN_MEMORY=0: the plan's memory estimates (test_plan.py) would trace each of the 24 models
+    full = dict(os.environ, NANOCHAT_BASE_DIR=str(tmp_path / "base"), NPROC="8", PLAN_GPU=H100, PLAN_MEMORY="0",
+                **env)
     full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full["PATH"]
     return subprocess.run(["bash", "speedrun.sh", *args], cwd=REPO, env=full, capture_output=True, text=True,
                           timeout=300)

@@ -78,14 +78,11 @@ def test_grad_accum_and_its_error():
 
 def test_resume_refuses_changed_settings():
     saved = {"depth": 12, "hc": "kromhc", "eval_every": 250, "device_batch_size": 32}
-    check_resume_settings(saved, dict(saved, eval_every=100, dist_timeout=60, save_on_signal="none"), 2, 2)
+    check_resume_settings(saved, dict(saved, eval_every=100, dist_timeout=60, save_on_signal="none"))
     with pytest.raises(SystemExit, match="hc: 'kromhc' -> 'mhc'"):
-        check_resume_settings(saved, dict(saved, hc="mhc"), 2, 2)
-    check_resume_settings(saved, dict(saved), 2, 4)  # another world size
-    # the micro-batch may change with the world size (the total batch must divide), not without
-    check_resume_settings(saved, dict(saved, device_batch_size=16), 8, 4)
-    with pytest.raises(SystemExit, match="device_batch_size: 32 -> 16"):
-        check_resume_settings(saved, dict(saved, device_batch_size=16), 4, 4)
+        check_resume_settings(saved, dict(saved, hc="mhc"))
+    # the micro-batch only splits each step's rows: a run out of GPU memory continues at a smaller one
+    check_resume_settings(saved, dict(saved, device_batch_size=16))
 
 
 def test_a_stop_request_records_the_first_signal_and_notes_the_others(capfd):

@@ -1,0 +1,453 @@
+"""Peak memory per rank of a training step, before the run: will a run fit, and which device
+batch fits.
+
+An estimate (`estimate`) is the sum, per rank, of
+- parameters, gradients and optimizer state, the state as DistMuonAdamW shards it at the world
+  size (nanochat/optim.py: AdamW moments of sharded params divided by the world size, of the
+  replicated and small ones whole; Muon buffers for the ceil(K/W) matrices a rank owns);
+- one micro-step's forward and backward, traced on fake tensors (FakeTensorMode: shapes and
+  dtypes, no memory, a few seconds at D=12, batch 32): eagerly, under torch's own
+  `MemTracker`, which follows every tensor the autograd engine keeps and frees (the saved
+  activations, the head's logits, the gradients as they appear); compiled, by AOTAutograd's
+  min-cut partition with Inductor's decompositions (what torch.compile keeps for the backward),
+  then a walk over the forward and backward graphs counting the buffers live at each node;
+- gradient accumulation: after the first micro-step the gradients stay live through the others;
+  the optimizer step, after the activations are freed, holds the gradients and a stacked copy;
+- a margin: `MARGIN_FRACTION` of the peak for the caching allocator (fragmentation; base_train
+  sets expandable_segments) and `MARGIN_GIB` outside it (CUDA context, NCCL buffers, cuBLAS
+  workspaces), which `torch.cuda.max_memory_allocated` does not see.
+
+The model is traced whole, at the run's own batch and length, rather than a block at a small
+size scaled by tokens: fake tensors cost no memory and their trace time does not depend on the
+batch or the length (only on the number of ops), so nothing is extrapolated.
+
+CUDA's dtypes without a GPU: the trace runs on fake CPU tensors under CPU bf16 autocast, with
+CUDA's fp32 rules added to the CPU autocast key for the ops CUDA's autocast has a kernel for and
+CPU's lacks (asked of the dispatcher of the torch in use: `rms_norm` is among them from torch
+2.12 on, `pow`, `sum` and `softmax` on every version). Fake CUDA tensors would give the same
+without emulation but need a CUDA build of torch (a +cpu build cannot take views of them); the
+emulation runs on every build, so the plan reads the same on a laptop and on the node.
+
+Attention is traced as SDPA over full-context windows: on CUDA FlexAttention (windowed layers)
+and flash (full ones) both save q, k, v, the output and the log-sum-exp, which is what CPU SDPA
+saves for a causal mask; an explicit window mask on CPU would instead save a T x T matrix.
+Liger's kernels are traced as their plain-PyTorch references (`hc_kernels = torch`).
+
+Compiled: Inductor fuses chains of pointwise ops into one kernel, so their intermediates are
+never allocated, and its generated code frees a graph's inputs (the saved activations, in the
+backward) after their last use. With `inductor=True` (the default, what a GPU runs) the walk
+models both (`graph_peak`); with `inductor=False` it runs the graphs as backend
+"aot_eager_decomp_partition" does, op by op with the inputs held to the end, which is what the
+CPU check measures: the same partition, no code generation.
+The estimate is a model of the allocator's peak, not a measurement: `scripts.gpu_check` prints
+it beside `max_memory_allocated` on a GPU. Traces are cached on disk (`<base dir>/memory/`), by
+config, batch, mode and torch version: the plan prices every run of a mode in seconds after the
+first time.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import operator
+import os
+from dataclasses import dataclass
+
+import torch
+
+GIB = 2**30
+# The allocator's fragmentation on top of its peak (expandable segments keep it low) and what
+# lives outside it on every rank (CUDA context ~0.5 GiB, NCCL and NVLS buffers, cuBLAS workspaces).
+MARGIN_FRACTION = 0.10
+MARGIN_GIB = 2.0
+
+# GPU memory by name (nvidia-smi's or torch's), from NVIDIA's data sheets (the H100, H200, A100,
+# L40S and RTX PRO 6000 Blackwell product pages); HBM and GDDR sizes are binary (an "80GB"
+# H100 reports 79.2 GiB to torch, the rest reserved; the margin covers it). All keys must occur
+# in the name; more specific entries first.
+GPU_MEMORY_GIB = [
+    (("H200",), 141), (("H100", "NVL"), 94), (("H100",), 80), (("A100", "40GB"), 40), (("A100",), 80),
+    (("L40S",), 48), (("RTX PRO 6000",), 96),
+]
+
+# CUDA's autocast kernels that CPU's lacks are in three families: the lower-precision ones
+# (matmuls, convolutions, RNN cells, fused attention), the promoting ones (named below), and
+# the fp32 ones, which are all the rest (autocast_mode.cpp's fp32 and fp32_set_opt_dtype lists).
+_LOWER_PRECISION = ("conv", "mm", "mv", "dot", "matmul", "linear", "bilinear", "einsum", "tensordot", "cell",
+                    "attention", "addr", "multi_dot")
+_PROMOTE = ("atan2", "cross", "addcdiv", "addcmul", "index_put", "scatter_add")
+
+
+def gpu_memory_gib(name):
+    """A GPU's memory by name, or None when the table does not know it."""
+    for keys, gib in GPU_MEMORY_GIB:
+        if all(k in name for k in keys):
+            return gib
+    return None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per rank of one training step, by part; `peak` is what max_memory_allocated would
+    report, `needed` adds the margin."""
+    device_batch: int
+    params: int
+    grads: int
+    optimizer: int
+    step: int  # the forward and backward's peak above the parameters (activations, logits, grads so far)
+    accumulation: int  # gradients held across micro-steps (0 without accumulation)
+
+    @property
+    def peak(self):
+        # The optimizer step comes after the activations are freed: then the gradients and their
+        # stacked copies (Muon stacks a group's gradients; DistMuonAdamW reduce-scatters the stack).
+        return self.params + self.optimizer + max(self.step + self.accumulation, 2 * self.grads)
+
+    @property
+    def needed(self):
+        return math.ceil(self.peak * (1 + MARGIN_FRACTION) + MARGIN_GIB * GIB)
+
+    def describe(self):
+        g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
+        return (f"{g(self.peak)} GiB peak (params {g(self.params)}, optimizer {g(self.optimizer)}, step "
+                f"{g(self.step + self.accumulation)}) + margin = {g(self.needed)} GiB")
+
+
+# ----------------------------------------------------------------------------- CUDA's dtype rules
+
+def cuda_fp32_ops():
+    """The aten ops CUDA autocast runs in fp32 and CPU autocast leaves alone, on this torch."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
+    return sorted(n for n in names if has(n, "AutocastCUDA") and not has(n, "AutocastCPU")
+                  and not any(k in n.split("::")[1].split(".")[0] for k in _LOWER_PRECISION + _PROMOTE))
+
+
+def _fp32_kernel(op):
+    """CUDA's fp32 rule for one op, as a CPU autocast kernel: ops that take a dtype get dtype
+    fp32 when none is given (fp32_set_opt_dtype), the others have their floating inputs cast."""
+    names = [a.name for a in op._schema.arguments]
+    at = names.index("dtype") if "dtype" in names else None
+    excluded = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def to_fp32(x):
+        return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            if at is None:
+                return op(*[to_fp32(a) for a in args], **{k: to_fp32(v) for k, v in kwargs.items()})
+            given = args[at] if len(args) > at else kwargs.get("dtype")
+            if given is None and args[0].dtype in (torch.bfloat16, torch.float16):
+                if len(args) > at:
+                    args = (*args[:at], torch.float32, *args[at + 1:])
+                else:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            return op(*args, **kwargs)
+    return kernel
+
+
+class cuda_autocast_rules:
+    """Within: CPU autocast also applies CUDA's fp32 rules (`cuda_fp32_ops`). A torch.library
+    registration on the AutocastCPU key, the level where CUDA applies its own, so that the
+    autograd engine saves the fp32 copies CUDA's would."""
+
+    def __enter__(self):
+        self.lib = torch.library.Library("aten", "IMPL")
+        for name in cuda_fp32_ops():
+            base, _, overload = name.split("::")[1].partition(".")
+            op = getattr(getattr(torch.ops.aten, base), overload or "default")
+            self.lib.impl(name.split("::")[1], _fp32_kernel(op), "AutocastCPU")
+        return self
+
+    def __exit__(self, *exc):
+        self.lib._destroy()
+
+
+# ----------------------------------------------------------------------------- tracing
+
+def traced_config(config):
+    """The config as traced: full-context SDPA and the plain-PyTorch stream ops (see the module
+    docstring), the rest unchanged."""
+    return dataclasses.replace(config, window_pattern="L", attention="sdpa", hc_kernels="torch")
+
+
+def _fake_model(config, bf16):
+    """The model with fake parameters, its embedding tables in bf16 as on CUDA (gpt.init_weights)."""
+    from nanochat.gpt import GPT
+    model = GPT(traced_config(config))
+    if bf16:  # not cast_embeddings: Module.to cannot swap a fake parameter's data
+        for emb in (model.transformer.wte, *model.value_embeds.values()):
+            emb.weight = torch.nn.Parameter(emb.weight.to(torch.bfloat16))
+    return model
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _node_bytes(node):
+    """Bytes of a graph node's value: a tensor, or a multi-output op's tuple of them."""
+    val = node.meta.get("val")
+    return sum(_nbytes(v) for v in (val if isinstance(val, (list, tuple)) else [val]) if isinstance(v, torch.Tensor))
+
+
+def tracked_peak(model, step):
+    """Peak bytes of step() (a forward and backward of model) above the model's parameters and
+    buffers, by torch's MemTracker."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        step()
+    peak = tracker.get_tracker_snapshot("peak")[next(model.parameters()).device]
+    return peak["Total"] - sum(peak[k] for k in peak if k != "Total" and k.value in ("Parameter", "Buffer"))
+
+
+def _eager_step_peak(model, idx, targets, autocast):
+    def step():
+        with autocast:
+            loss = model(idx, targets)
+        loss.backward()
+    return tracked_peak(model, step)
+
+
+def _is_view(node):
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload) and target._schema.returns
+            and target._schema.returns[0].alias_info is not None)
+
+
+def _fusible(node):
+    """Does Inductor compute this op inside its consumers' kernels? Pointwise ops and dtype
+    casts do; so does a scatter into a constant (`full`) tensor, which its
+    scatter_upon_const_tensor pattern turns into a pointwise select (cross-entropy's backward)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target is torch.ops.aten.scatter.value:
+        return node.args[0].target is torch.ops.aten.full.default
+    return torch.Tag.pointwise in target.tags or target in (
+        torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default, torch.ops.aten.full.default)
+
+
+def _reduction(node):
+    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags
+
+
+def _bases(gm):
+    """{node: the node whose buffer it uses}: itself, or for a view (or an element of a
+    multi-output op's tuple, whose size counts all its elements) its base's."""
+    base = {}
+    for node in gm.graph.nodes:
+        alias = _is_view(node) or node.target is operator.getitem
+        src = node.args[0] if alias and node.args and isinstance(node.args[0], torch.fx.Node) else None
+        base[node] = base[src] if src is not None else node
+    return base
+
+
+def graph_peak(gm, held, inductor=True):
+    """Peak bytes of the buffers an FX graph of aten ops allocates as it runs, its inputs
+    holding `held` bytes (the placeholders' sizes, 0 for those counted elsewhere, e.g.
+    parameters), its outputs kept to the end. Views share their base's buffer. `inductor`: as
+    Inductor's code runs it, a fusible op's result (`_fusible`) being a buffer only when the
+    output or an op that is neither fusible nor a reduction (a matmul, attention) reads it (the
+    rest is computed inside their consumers' kernels), and an input freed after its last use
+    (the boxed calling convention hands the graph its inputs); else op by op, the inputs held
+    to the end, as backend "aot_eager_decomp_partition" runs it. No torch tool models
+    Inductor's fusion (MemTracker on the decomposed graphs counts every intermediate: 32 GiB of
+    them for the head's backward at D=12, batch 32), hence this walk."""
+    nodes = list(gm.graph.nodes)
+    base = _bases(gm)
+    materialized = set()
+    output = nodes[-1]
+    for node in nodes:
+        if node.op != "call_function" or base[node] is not node:
+            continue
+        if not inductor or not _fusible(node):
+            materialized.add(node)
+            if not inductor or not _reduction(node):
+                materialized.update(base[arg] for arg in node.all_input_nodes)
+    for arg in output.all_input_nodes:
+        materialized.add(base[arg])
+    size = {}
+    for i, node in enumerate(n for n in nodes if n.op == "placeholder"):
+        size[node] = held[i]
+    for node in materialized:
+        if node.op == "call_function":
+            size[node] = _node_bytes(node)
+    last = {}
+    for i, node in enumerate(nodes):
+        for arg in node.all_input_nodes:
+            last[base[arg]] = i
+    keep = {base[a] for a in output.all_input_nodes}
+    live = sum(size.get(n, 0) for n in nodes if n.op == "placeholder")
+    peak = live
+    for i, node in enumerate(nodes):
+        if node.op == "call_function" and base[node] is node and node in size:
+            live += size[node]
+            peak = max(peak, live)
+        for arg in {base[a] for a in node.all_input_nodes}:
+            if last.get(arg) == i and arg not in keep and arg in size and (inductor or arg.op != "placeholder"):
+                live -= size[arg]
+    return peak
+
+
+def aot_step(model):
+    """(step, graphs): step(idx, targets) -> loss runs the model's forward as torch.compile
+    partitions it (AOTAutograd, Inductor's decompositions, the min-cut partitioner: the parts of
+    backend "aot_eager_decomp_partition"), without dynamo, so that it runs on fake tensors and
+    under a dispatch mode (dynamo runs a compiled module eagerly under one); graphs["fw"] and
+    graphs["bw"] are the two graphs once a step has run."""
+    from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    graphs = {}
+
+    def functional(p, b, idx, targets):
+        return torch.func.functional_call(model, {**dict(zip(params, p)), **dict(zip(buffers, b))}, (idx, targets))
+
+    def keep(kind):
+        def compiler(gm, _inputs):
+            graphs[kind] = gm
+            return make_boxed_func(gm)
+        return compiler
+
+    compiled = aot_function(functional, fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+                            partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+
+    def step(idx, targets):
+        # The model's code takes its compiled branches (torch.compiler.is_compiling(): the stream
+        # ops' plain forms) while AOTAutograd traces it, as under torch.compile, which sets the
+        # same flag, the one is_compiling() reads.
+        compiling, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
+        try:
+            return compiled(list(params.values()), list(buffers.values()), idx, targets)
+        finally:
+            torch.compiler._is_compiling_flag = compiling
+    return step, graphs
+
+
+def _compiled_step_peak(model, idx, targets, autocast, inductor):
+    """Peak bytes of forward + backward as torch.compile partitions them, parameters excluded,
+    and the bytes saved for the backward."""
+    step, graphs = aot_step(model)
+    with autocast:
+        loss = step(idx, targets)
+    loss.backward()
+    fw, bw = graphs["fw"], graphs["bw"]
+    n_static = len(dict(model.named_parameters())) + len(dict(model.named_buffers()))
+    fw_inputs = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    fw_held = [0] * n_static + [_nbytes(n.meta["val"]) for n in fw_inputs[n_static:]]
+    # The forward's outputs: the loss, then what the backward reads. Parameters and their views
+    # (a transposed weight) are counted as parameters, views of one buffer once.
+    saved = fw.graph.output_node().args[0][1:]
+    base = _bases(fw)
+    counted = set(fw_inputs[:n_static])
+    bw_held = []
+    for node in saved:
+        val = node.meta.get("val")
+        fresh = isinstance(val, torch.Tensor) and base[node] not in counted
+        bw_held.append(_node_bytes(base[node]) if fresh else 0)
+        counted.add(base[node])
+    bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    bw_held += [_nbytes(n.meta["val"]) if isinstance(n.meta.get("val"), torch.Tensor) else 0
+                for n in bw_inputs[len(bw_held):]]
+    return max(graph_peak(fw, fw_held, inductor), graph_peak(bw, bw_held, inductor)), sum(bw_held[:len(saved)])
+
+
+def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
+    """Peak bytes of one micro-step's forward and backward above the parameters (activations,
+    logits, gradients), traced on fake tensors. `cuda`: bf16 autocast with CUDA's dtype rules
+    and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    rules = cuda_autocast_rules() if cuda else contextlib.nullcontext()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    with FakeTensorMode(), rules:
+        model = _fake_model(config, bf16=cuda)
+        shape = (device_batch, config.sequence_len)
+        idx = torch.randint(0, config.vocab_size, shape)
+        targets = torch.randint(0, config.vocab_size, shape)
+        if compile:
+            return _compiled_step_peak(model, idx, targets, autocast, inductor)[0]
+        return _eager_step_peak(model, idx, targets, autocast)
+
+
+# ----------------------------------------------------------------------------- static parts
+
+def static_bytes(config, world_size, cuda=True):
+    """(params, grads, optimizer state) bytes per rank, from the model's optimizer groups
+    (gpt.param_groups) and DistMuonAdamW's sharding rules."""
+    from nanochat.gpt import GPT
+    from nanochat.optim import _sharded
+    with torch.device("meta"):
+        model = GPT(config)
+    if cuda:
+        model.cast_embeddings(torch.bfloat16)
+    params = sum(_nbytes(p) for p in model.parameters())
+    state = 0
+    for group in model.param_groups():
+        group.setdefault("replicated", False)
+        if group["kind"] == "adamw":
+            for p in group["params"]:
+                whole = world_size == 1 or not _sharded(p, group, world_size)
+                state += 2 * _nbytes(p) // (1 if whole else world_size)
+        else:
+            p = group["params"][0]
+            owned = -(-len(group["params"]) // world_size)
+            rows, cols = p.shape
+            state += owned * (_nbytes(p) + max(rows, cols) * p.element_size())
+    return params, params, state
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def _cache_path(key):
+    from nanochat.common import base_dir
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return os.path.join(base_dir(), "memory", f"{digest}.json")
+
+
+def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
+    """step_peak, read from or written to the disk cache."""
+    key = {"config": dataclasses.asdict(traced_config(config)), "batch": device_batch, "compile": compile,
+           "cuda": cuda, "inductor": inductor, "torch": torch.__version__, "version": 3}
+    path = _cache_path(key)
+    try:
+        with open(path) as f:
+            return json.load(f)["step"]
+    except (OSError, ValueError, KeyError):
+        pass
+    value = step_peak(config, device_batch, compile, cuda, inductor)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "step": value}, f)
+    os.replace(tmp, path)
+    return value
+
+
+def estimate(config, device_batch, world_size=1, accum=1, compile=True, cuda=True, inductor=True):
+    """The Estimate of one rank's peak for a run: its GPTConfig, device batch, world size,
+    gradient accumulation steps, compile on or off, on a GPU (`cuda`) or the CPU."""
+    params, grads, optimizer = static_bytes(config, world_size, cuda)
+    step = cached_step_peak(config, device_batch, compile, cuda, inductor)
+    return Estimate(device_batch, params, grads, optimizer, step, grads if accum > 1 else 0)
+
+
+def fitting_batch(config, max_batch, memory_bytes, accum_for, world_size=1, compile=True, allowed=None):
+    """(batch, its estimate, the estimate at the first batch tried) for the largest of max_batch
+    and the powers of two below it (those `allowed` accepts: the batches the total batch divides
+    into) whose estimate fits `memory_bytes` with the margin; batch None when none fits.
+    accum_for(batch): the gradient accumulation steps at that batch."""
+    candidates = [max_batch] + [2**k for k in range(int(math.log2(max_batch)), -1, -1) if 2**k < max_batch]
+    candidates = [b for b in candidates if allowed is None or allowed(b)] or [max_batch]
+    first = est = None
+    for batch in candidates:
+        est = estimate(config, batch, world_size, accum_for(batch), compile)
+        first = first or est
+        if est.needed <= memory_bytes:
+            return batch, est, first
+    return None, est, first
