@@ -47,12 +47,15 @@ first time.
 
 import contextlib
 import dataclasses
+import functools
+import glob
 import hashlib
 import json
 import math
 import operator
 import os
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
@@ -163,6 +166,38 @@ class cuda_autocast_rules:
 
     def __exit__(self, *exc):
         self.lib._destroy()
+
+
+class _CudaRMSNorm(torch.autograd.Function):
+    """rms_norm saving for backward what CUDA's fused kernel saves: the input in its own dtype
+    and the fp32 inverse RMS. The CPU runs the composite form instead, which keeps an fp32 copy
+    of the input (twice a bf16 input's bytes) and would overstate an eager step's memory."""
+
+    @staticmethod
+    def forward(ctx, x, shape, weight=None, eps=None):
+        assert weight is None and len(shape) == 1, "the model's norms are weightless, over the last dim"
+        xf = x.float()
+        eps = torch.finfo(x.dtype).eps if eps is None else eps
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd)
+        return (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd = ctx.saved_tensors
+        g, y = grad.float(), x.float() * rstd
+        return (rstd * (g - y * (g * y).mean(-1, keepdim=True))).to(x.dtype), None, None, None
+
+
+@contextlib.contextmanager
+def cuda_rules(compile):
+    """What a step on CUDA does that one on this CPU does not: CUDA autocast's fp32 rules
+    (`cuda_autocast_rules`), and eagerly the saved tensors of its fused rms_norm. (Compiled,
+    both devices run Inductor's decomposition of rms_norm, which the partition traces.)"""
+    import torch.nn.functional as F
+    norm = contextlib.nullcontext() if compile else mock.patch.object(F, "rms_norm", _CudaRMSNorm.apply)
+    with cuda_autocast_rules(), norm:
+        yield
 
 
 # ----------------------------------------------------------------------------- tracing
@@ -363,7 +398,7 @@ def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
     logits, gradients), traced on fake tensors. `cuda`: bf16 autocast with CUDA's dtype rules
     and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    rules = cuda_autocast_rules() if cuda else contextlib.nullcontext()
+    rules = cuda_rules(compile) if cuda else contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     with FakeTensorMode(), rules:
         model = _fake_model(config, bf16=cuda)
@@ -404,6 +439,19 @@ def static_bytes(config, world_size, cuda=True):
 
 # ----------------------------------------------------------------------------- the estimate
 
+@functools.cache
+def code_fingerprint():
+    """A digest of the code a trace depends on (the model, its connections, this module): an
+    estimate that an older version of them cached is not read back after an update."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for path in [os.path.join(root, "gpt.py"), os.path.abspath(__file__),
+                 *sorted(glob.glob(os.path.join(root, "connections", "*.py")))]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
 def _cache_path(key):
     from nanochat.common import base_dir
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -413,7 +461,7 @@ def _cache_path(key):
 def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
     """step_peak, read from or written to the disk cache."""
     key = {"config": dataclasses.asdict(traced_config(config)), "batch": device_batch, "compile": compile,
-           "cuda": cuda, "inductor": inductor, "torch": torch.__version__, "version": 3}
+           "cuda": cuda, "inductor": inductor, "torch": torch.__version__, "code": code_fingerprint()}
     path = _cache_path(key)
     try:
         with open(path) as f:

@@ -6,13 +6,19 @@ runs this file on CUDA builds of the pin, of the GPU machines' torch and of the 
 What it holds: on every torch, every variant's stream between layers, into the reduce and
 out of it is the activation dtype (bf16), whatever rms_norm's autocast rule (fp32 on CUDA
 from torch 2.12 on); nothing of stream or MLP width is saved for backward in fp32; the KV
-cache decodes; the optimizer steps."""
+cache decodes; the optimizer steps; the memory estimate's emulation of CUDA's rules saves what
+CUDA autocast saves."""
+
+from collections import Counter
+from contextlib import nullcontext
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 
-from nanochat import engine, optim
+from nanochat import engine, memory, optim
+from nanochat import memory_check as check
 from nanochat.gpt import EagerSteps
 from tests.cuda_dryrun import GPU, H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
 from tests.test_stream_dtype import CASES, case_id
@@ -124,3 +130,30 @@ def test_the_optimizer_steps_on_fake_gradients(case, monkeypatch):
         state = opt.state[model.transformer.wte.weight]
     assert state and all(t.dtype == torch.bfloat16 for t in state.values() if torch.is_tensor(t) and t.dim())
     assert all(t.device.type == "cuda" for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
+
+
+def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
+    """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/memory.py):
+    the forward's saved activations (token-major ones; attention's internals differ by kernel)
+    have the shapes and dtypes that real CUDA autocast on fake CUDA tensors gives them."""
+    config = memory.traced_config(check.small_config("kromhc", {}, 2, 64))
+
+    def saved(device):
+        seen = Counter()
+
+        def pack(t):
+            if tuple(t.shape[:2]) == (2, 64):
+                seen[(tuple(t.shape), t.dtype)] += 1
+            return t
+
+        on_cuda = device.type == "cuda"
+        with FakeTensorMode(), device:
+            model = memory._fake_model(config, bf16=True)
+            idx = torch.randint(0, config.vocab_size, (2, 64))
+            autocast = cuda_autocast() if on_cuda else torch.autocast("cpu", dtype=torch.bfloat16)
+            rules = nullcontext() if on_cuda else memory.cuda_rules(compile=False)
+            with rules, autocast, saved_tensors_hooks(pack, lambda t: t):
+                model(idx, idx)
+        return set(seen)
+
+    assert saved(torch.device("cpu")) == saved(GPU)
