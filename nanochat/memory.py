@@ -170,23 +170,28 @@ class cuda_autocast_rules:
 
 class _CudaRMSNorm(torch.autograd.Function):
     """rms_norm saving for backward what CUDA's fused kernel saves: the input in its own dtype
-    and the fp32 inverse RMS. The CPU runs the composite form instead, which keeps an fp32 copy
-    of the input (twice a bf16 input's bytes) and would overstate an eager step's memory."""
+    and the fp32 inverse RMS (and the weight, a parameter). The CPU runs the composite form
+    instead, which keeps an fp32 copy of the input (twice a bf16 input's bytes) and would
+    overstate an eager step's memory."""
 
     @staticmethod
     def forward(ctx, x, shape, weight=None, eps=None):
-        assert weight is None and len(shape) == 1, "the model's norms are weightless, over the last dim"
-        xf = x.float()
+        assert len(shape) == 1, "the model's norms are over the last dim"
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         eps = torch.finfo(x.dtype).eps if eps is None else eps
         rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, rstd)
-        return (xf * rstd).to(x.dtype)
+        ctx.save_for_backward(x, rstd, weight)
+        y = xf * rstd
+        return (y if weight is None else y * weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x, rstd = ctx.saved_tensors
-        g, y = grad.float(), x.float() * rstd
-        return (rstd * (g - y * (g * y).mean(-1, keepdim=True))).to(x.dtype), None, None, None
+        x, rstd, weight = ctx.saved_tensors
+        g, y = grad.to(rstd.dtype), x.to(rstd.dtype) * rstd
+        gw = g if weight is None else g * weight
+        dx = (rstd * (gw - y * (gw * y).mean(-1, keepdim=True))).to(x.dtype)
+        dw = None if weight is None else (g * y).flatten(0, -2).sum(0).to(weight.dtype)
+        return dx, None, dw, None
 
 
 @contextlib.contextmanager

@@ -200,3 +200,21 @@ def test_the_cache_holds_an_estimate_for_this_code_only(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "code_fingerprint", lambda: "another version")
     memory.cached_step_peak(config, 2, compile=False)
     assert len(traced) == 2
+
+
+def test_eager_traces_save_what_cudas_fused_rms_norm_saves():
+    """The stand-in of CUDA's fused rms_norm computes rms_norm (value and gradients, with and
+    without a weight) and keeps a bf16 input in bf16 for the backward, as the fused kernel
+    does, where the CPU's composite keeps an fp32 copy."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    fused = memory._CudaRMSNorm.apply
+    assert torch.allclose(fused(x, (8,), w, 1e-6), F.rms_norm(x, (8,), w, 1e-6))
+    assert torch.autograd.gradcheck(lambda x, w: fused(x, (8,), w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x: fused(x, (8,)), (x,))
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.dtype) or t, lambda t: t):
+        with memory.cuda_rules(compile=False):
+            F.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True), (8,))
+    assert kept[0] == torch.bfloat16 and torch.float32 in kept
