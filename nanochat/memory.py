@@ -194,13 +194,18 @@ class _CudaRMSNorm(torch.autograd.Function):
         return dx, None, dw, None
 
 
+def _cuda_rms_norm(input, normalized_shape, weight=None, eps=None):
+    """F.rms_norm's signature (keywords included) over _CudaRMSNorm."""
+    return _CudaRMSNorm.apply(input, normalized_shape, weight, eps)
+
+
 @contextlib.contextmanager
 def cuda_rules(compile):
     """What a step on CUDA does that one on this CPU does not: CUDA autocast's fp32 rules
     (`cuda_autocast_rules`), and eagerly the saved tensors of its fused rms_norm. (Compiled,
     both devices run Inductor's decomposition of rms_norm, which the partition traces.)"""
     import torch.nn.functional as F
-    norm = contextlib.nullcontext() if compile else mock.patch.object(F, "rms_norm", _CudaRMSNorm.apply)
+    norm = contextlib.nullcontext() if compile else mock.patch.object(F, "rms_norm", _cuda_rms_norm)
     with cuda_autocast_rules(), norm:
         yield
 
