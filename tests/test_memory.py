@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from nanochat import memory
 from nanochat import memory_check as check
+from nanochat.connections import VARIANTS
 from nanochat.gpt import build_model
 from nanochat.train_config import parse_args
 
@@ -218,3 +219,9 @@ def test_eager_traces_save_what_cudas_fused_rms_norm_saves():
         with memory.cuda_rules(compile=False):
             F.rms_norm(torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True), (8,), eps=1e-6)
     assert kept[0] == torch.bfloat16 and torch.float32 in kept
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_has_an_eager_gpu_estimate(variant):
+    """Every registered wiring traces under CUDA's rules (its norms through the fused stand-in)."""
+    assert memory.step_peak(check.small_config(variant, {}, 2, 64), 2, compile=False, cuda=True) > 0
