@@ -28,13 +28,18 @@ def permutation_matrices(m, device=None, dtype=torch.float32):
 
 def convex_permutations(a, perms):
     """sum_p a_p P_p: (..., m!) weights over the flattened permutation matrices `perms`
-    (m!, m*m) -> (..., m*m). An elementwise weighted sum, not `a @ perms`: on CUDA with
-    set_float32_matmul_precision("high") an fp32 matmul may run in TF32 (10-bit mantissas),
-    and the rows and columns of the result would then sum to 1 only to ~1e-4, not to fp32
-    rounding (the exactness mHC-lite and KromHC are about). The products are exact (each
-    entry of P is 0 or 1) and the sums are fp32 additions; under compile it fuses into one
-    small kernel, eagerly it makes an (..., m!, m*m) temporary."""
-    return (a.unsqueeze(-1) * perms).sum(-2)
+    (m!, m*m) -> (..., m*m), by a matmul in float64 rounded back to a's dtype. Not an fp32
+    matmul: on CUDA with set_float32_matmul_precision("high") that may run in TF32 (10-bit
+    mantissas), and the rows and columns of the result would then sum to 1 only to ~1e-4, not
+    to fp32 rounding (the exactness mHC-lite and KromHC are about); TF32 never applies to
+    float64, where each entry is its weights' sum rounded once. Nor an elementwise weighted
+    sum, exact too: torch.compile's min-cut partitioner then kept more stream states for the
+    backward (KromHC at D=12: 1.22x the residual baseline's memory instead of 1.10x, by
+    nanochat/memory.py). MPS has no float64: there the elementwise sum."""
+    if a.device.type == "mps":
+        return (a.unsqueeze(-1) * perms).sum(-2)
+    wide = torch.promote_types(a.dtype, torch.float64)
+    return (a.to(wide) @ perms.to(wide)).to(a.dtype)
 
 
 def sinkhorn_log(logits, iters):

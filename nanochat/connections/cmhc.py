@@ -20,10 +20,10 @@ Init (the source's): a = 0.01, phi ~ N(0, (0.02 / sqrt(nC))^2), b_pre = log(1/(n
 (1 - gamma) I + (gamma / n) 11^T). With identical streams any doubly stochastic H_res keeps
 them identical, so the model is close to pre-norm at init but not equal: phi is random.
 Exactness: H_res[t, s] = c[(t - s) mod n], built as the weighted sum of the n shift matrices
-(birkhoff.convex_permutations: each entry is c_k plus exact zeros, where a matmul with TF32
-would round c), so every row and column holds the n numbers of c. A gather c[..., index]
-would give the same forward, but its backward scatters with atomic adds on a GPU, whose order,
-and so whose rounding, changes from run to run.
+(birkhoff.convex_permutations: in float64, each entry is c_k plus exact zeros, where an fp32
+matmul with TF32 would round c), so every row and column holds the n numbers of c. A gather
+c[..., index] would give the same forward, but its backward scatters with atomic adds on a
+GPU, whose order, and so whose rounding, changes from run to run.
 Our choices, where the family's frame differs from the source (so that C-mHC differs from
 mHC and KromHC in H_res and its init only): the source scales all 3n columns by one alpha,
 here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer); the
