@@ -277,8 +277,17 @@ def _fusible(node):
         torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default, torch.ops.aten.full.default)
 
 
+# The reductions by name where torch has no reduction tag (torch 2.9): those the model's graphs use.
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "prod", "var", "var_mean", "std", "logsumexp", "argmax", "argmin",
+               "linalg_vector_norm"}
+
+
 def _reduction(node):
-    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.reduction in node.target.tags
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    tag = getattr(torch.Tag, "reduction", None)
+    return tag in target.tags if tag is not None else target.overloadpacket.__name__ in _REDUCTIONS
 
 
 def _bases(gm):

@@ -129,7 +129,9 @@ class StreamConnections(nn.Module):
         for layer, branch in zip(self.layers, branches):
             X_in = X
             X, carry = layer.step(X, branch, x0, carry)
-            if getattr(layer, "capture", None) == {}:  # a layer that records nothing itself: its input state
+            if self.final_capture is not None and not layer.capture:
+                # capturing, and a layer that records nothing itself: its input state. (The test on
+                # final_capture first: a compiled forward, never capturing, compares no dict.)
                 record_state(layer.capture, X_in)
         if self.final_capture is not None:
             record_state(self.final_capture, X)
