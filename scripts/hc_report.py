@@ -32,7 +32,6 @@ import os
 import torch
 
 from nanochat import connections
-from nanochat import connections
 from nanochat.cli import choice, existing_dir, int_at_least, nonneg_int, positive_int, run
 from nanochat.common import text_table
 from nanochat.connections.diagnostics import (attnres_read_params, collect_hc_stats, frac_layer_params,

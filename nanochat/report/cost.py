@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 from nanochat import connections
-from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order
 from nanochat.report.stats import geomean
