@@ -39,6 +39,8 @@ import os
 import torch
 from torch import Tensor
 
+from nanochat.connections.custom_ops import custom_op
+
 INSTALL_HINT = "pip install -e '.[kernels]'"
 AVAILABLE = all(importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton"))
 
@@ -84,7 +86,7 @@ def tokens(t, k):
 
 # ----- pre mix: u = sum_s h_pre[s] X[s] -----
 
-@torch.library.custom_op("nanochat::liger_mix_pre", mutates_args=())
+@custom_op("nanochat::liger_mix_pre", mutates_args=())
 def _mix_pre(h_pre: Tensor, X: Tensor) -> Tensor:
     return kernels().mhc_pre_fwd(X, h_pre, out=X.new_empty(X.shape[0], X.shape[2]))
 
@@ -94,7 +96,7 @@ def _(h_pre, X):
     return X.new_empty(X.shape[0], X.shape[2])
 
 
-@torch.library.custom_op("nanochat::liger_mix_pre_backward", mutates_args=())
+@custom_op("nanochat::liger_mix_pre_backward", mutates_args=())
 def _mix_pre_backward(h_pre: Tensor, X: Tensor, g_u: Tensor) -> tuple[Tensor, Tensor]:
     g_X, g_h = kernels().mhc_pre_bwd(X, h_pre, g_u, out_grad_x=torch.empty_like(X))
     return g_h, g_X
@@ -118,7 +120,7 @@ _mix_pre.register_autograd(_mix_pre_grad, setup_context=_save_inputs)
 
 # ----- post/res mix: X_next[t] = sum_s h_res[t, s] X[s] + h_post[t] y -----
 
-@torch.library.custom_op("nanochat::liger_mix_post", mutates_args=())
+@custom_op("nanochat::liger_mix_post", mutates_args=())
 def _mix_post(h_res: Tensor, X: Tensor, h_post: Tensor, y: Tensor) -> Tensor:
     return kernels().mhc_post_res_fwd(X, y, h_post, h_res, out=torch.empty_like(X))
 
@@ -128,7 +130,7 @@ def _(h_res, X, h_post, y):
     return torch.empty_like(X)
 
 
-@torch.library.custom_op("nanochat::liger_mix_post_backward", mutates_args=())
+@custom_op("nanochat::liger_mix_post_backward", mutates_args=())
 def _mix_post_backward(h_res: Tensor, X: Tensor, h_post: Tensor, y: Tensor,
                        g_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     g_X, g_y, g_post, g_res = kernels().mhc_post_res_bwd(X, y, h_post, h_res, g_out, out_grad_x=torch.empty_like(X),
@@ -151,7 +153,7 @@ _mix_post.register_autograd(_mix_post_grad, setup_context=_save_inputs)
 
 # ----- projection: x' W = (x @ W) * rsqrt(mean(x^2) + eps), with 1 / rms kept for backward -----
 
-@torch.library.custom_op("nanochat::liger_rms_project", mutates_args=())
+@custom_op("nanochat::liger_rms_project", mutates_args=())
 def _rms_project(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return kernels().mhc_mm_norm_fwd(x, w, eps)
 
@@ -161,7 +163,7 @@ def _(x, w, eps):
     return x.new_empty(x.shape[0], w.shape[1], dtype=torch.float32), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("nanochat::liger_rms_project_backward", mutates_args=())
+@custom_op("nanochat::liger_rms_project_backward", mutates_args=())
 def _rms_project_backward(x: Tensor, w: Tensor, xw_normed: Tensor, inv_rms: Tensor,
                           g: Tensor) -> tuple[Tensor, Tensor]:
     g_x, g_w = kernels().mhc_mm_norm_bwd(x, w, xw_normed, inv_rms, g)
