@@ -1,21 +1,19 @@
-"""The memory-bound work of a hyper-connection layer, as autograd Functions with written-out
-backward passes: the projection of vec(X) together with its mean square, the pre mix
+"""The memory-bound work of a hyper-connection layer, as a custom op and autograd Functions
+with written-out backward passes: the projection of vec(X) together with its mean square, the pre mix
 H_pre @ X, and the post/res mix H_res @ X + H_post^T y.
 
 Why Functions rather than plain ops (measured with scripts/bench):
-- every Function saves the streams X in their own dtype and casts to fp32 on the fly, so
+- every Function (and the custom op) saves the streams X in their own dtype and casts to fp32 on the fly, so
   bf16 streams never leave an fp32 copy of X alive until backward (plain autograd keeps
   the fp32 cast that the fp32 matmul consumed);
 - the mixes are batched matmuls over tokens, (n x n) @ (n x C), with fp32 accumulation:
   one pass over X instead of n broadcast multiply-adds, whose per-stream slicing costs a
   zero-filled full-size gradient per slice in backward;
 - the backward passes combine what autograd would do in several kernels.
-Under torch.compile none of the Functions is used: the projection is written as a
-broadcast multiply and a sum over vec(X) (`project`), the two mixes as stream-by-stream
-multiply-adds (`stream_sum`), which the compiler fuses into passes that read bf16 X once
-and accumulate in fp32 (faster than calling out to a matmul, which would first need an
-fp32 copy of X written out); it derives the backward itself and its partitioner keeps bf16
-X rather than an fp32 copy.
+The projection is a custom op in both modes (`project`, why beside it). Under torch.compile
+the mixes' Functions are not used: they are stream-by-stream multiply-adds (`stream_sum`),
+which the compiler fuses into passes that read bf16 X once and accumulate in fp32; it
+derives their backward itself and its partitioner keeps bf16 X rather than an fp32 copy.
 
 Every forward and backward runs with autocast off: the matmuls here must stay in fp32,
 which autocast would round to the compute dtype. The compiled backward is traced apart
@@ -43,6 +41,7 @@ if hasattr(torch._functorch.config, "backward_pass_autocast"):
     torch._functorch.config.backward_pass_autocast = "off"
 
 from nanochat.connections import liger
+from nanochat.connections.custom_ops import custom_op
 
 KERNELS = ("torch", "liger", "auto")
 # F.rms_norm's default for fp32 inputs; written out because the norm is applied after the
@@ -60,31 +59,58 @@ def coefficient_dtype(X):
     return torch.promote_types(X.dtype, torch.float32)
 
 
-class Project(torch.autograd.Function):
-    """(x (..., D), w (D, k) fp32) -> (x @ w, mean(x^2) (..., 1)), both fp32."""
+# The projection is a custom op, eager and compiled alike, so that the compiler treats it as
+# one opaque call: reading bf16 x, it casts to fp32 inside, multiplies with cuBLAS (TF32 on a
+# GPU; bf16 x is exact in TF32) and frees the cast, and the backward recasts x. Measured on an
+# H200 (docs/gpu_measured.md), Inductor's own forms of it both failed: as a multiply-and-sum its
+# reductions (over n*C per token, and over every token for the gradient of w) ran at a few
+# hundred threads and made KromHC's D=12 step 3.4x residual's; as a plain fp32 matmul its
+# partitioner keeps the fp32 cast of x for the backward's matmul (it never recomputes what a
+# matmul reads in backward), +768 MiB per layer at D=12, batch 32.
+@custom_op("nanochat::project", mutates_args=())
+def _project(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x (N, D), w (D, k) fp32) -> (x @ w, mean(x^2) (N, 1)), both in w's dtype."""
+    with no_autocast(x):
+        xf = x.to(w.dtype)
+        ss = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square() / x.shape[-1]
+        return xf @ w, ss
 
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        with no_autocast(x):
-            xf = x.to(w.dtype)
-            ss = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square() / x.shape[-1]
-            return xf @ w, ss
 
-    @staticmethod
-    def backward(ctx, g_xw, g_ss):
-        x, w = ctx.saved_tensors
-        g_x = g_w = None
-        with no_autocast(x):
-            xf = x.to(w.dtype)
-            if ctx.needs_input_grad[0]:
-                g_x = g_xw @ w.t()
-                g_x.addcmul_(xf, g_ss, value=2.0 / x.shape[-1])
-                g_x = g_x.to(x.dtype)
-            if ctx.needs_input_grad[1]:
-                # (g^T x)^T rather than x^T g: the same product, ~2x faster on CPU BLAS for k << D.
-                g_w = (g_xw.flatten(0, -2).t() @ xf.flatten(0, -2)).t()
-        return g_x, g_w
+@_project.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[1], dtype=w.dtype), x.new_empty(x.shape[0], 1, dtype=w.dtype)
+
+
+@custom_op("nanochat::project_backward", mutates_args=())
+def _project_backward(x: torch.Tensor, w: torch.Tensor, g_xw: torch.Tensor,
+                      g_ss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with no_autocast(x):
+        xf = x.to(w.dtype)
+        g_x = g_xw @ w.t()
+        g_x.addcmul_(xf, g_ss, value=2.0 / x.shape[-1])
+        # (g^T x)^T rather than x^T g: the same product, ~2x faster on CPU BLAS for k << D.
+        g_w = (g_xw.t() @ xf).t()
+        return g_x.to(x.dtype), g_w.contiguous()
+
+
+@_project_backward.register_fake
+def _(x, w, g_xw, g_ss):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
+def _project_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _project_grad(ctx, g_xw, g_ss):
+    x, w = ctx.saved_tensors
+    # an output nothing downstream used comes back as None
+    g_xw = torch.zeros(x.shape[0], w.shape[1], dtype=w.dtype, device=x.device) if g_xw is None else g_xw
+    g_ss = torch.zeros(x.shape[0], 1, dtype=w.dtype, device=x.device) if g_ss is None else g_ss
+    return _project_backward(x, w, g_xw.contiguous(), g_ss.contiguous())
+
+
+_project.register_autograd(_project_grad, setup_context=_project_setup)
 
 
 class MixPre(torch.autograd.Function):
@@ -179,17 +205,9 @@ def rms_project(X, w, eps, kernels="torch"):
 
 
 def project(x, w):
-    if torch.compiler.is_compiling():
-        # Plain ops: the compiler's partitioner then keeps x in its own dtype (traced, the
-        # Function's backward made it keep the fp32 cast of bf16 streams instead). x @ w as a
-        # multiply-and-sum rather than a matmul: with k = 2n + R columns the product is
-        # memory-bound, and the compiler fuses the cast of x into one reduction that reads bf16
-        # x once with fp32 products and sums, where a matmul call would need an fp32 copy of x
-        # written out first (bf16 operands instead would round w and the output).
-        with no_autocast(x):
-            xf = x.to(w.dtype)
-            return (xf[..., :, None] * w).sum(-2), xf.square().mean(dim=-1, keepdim=True)
-    return Project.apply(x, w)
+    """(x (..., D), w (D, k)) -> (x @ w, mean(x^2) (..., 1)) in w's dtype (nanochat::project)."""
+    xw, ss = _project(x.reshape(-1, x.shape[-1]), w)
+    return xw.view(*x.shape[:-1], w.shape[1]), ss.view(*x.shape[:-1], 1)
 
 
 def mix_pre(h_pre, X, kernels="torch"):
