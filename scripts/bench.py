@@ -42,6 +42,10 @@ Memory, measured in one extra step after the timing:
   peak    CUDA only: torch.cuda.max_memory_allocated over one step minus what was
           allocated before it (activations, gradients, workspaces).
 
+Profile (--profile K): after the timing, one more step of each case under torch.profiler and
+its K kernels with the most self time (ops on the CPU), printed and in the JSON
+("top_kernels"): which kernel a ratio comes from (scripts/bench_profile.py).
+
 Inference (--bench infer, or prefill / decode alone; scripts/bench_infer.py): prefill
 tokens/s at --prefill-lens (default 128 512 2048) and decode ms per token (--new-tokens 128
 after a --prompt-len 512 prompt) at --infer-batches (default 1 8), through the KV cache as
@@ -82,7 +86,7 @@ from nanochat.common import device_name, single_gpu_device, synchronize, text_ta
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
-from scripts import bench_infer
+from scripts import bench_infer, bench_profile
 
 VARIANTS = tuple(connections.VARIANTS)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -139,6 +143,9 @@ def build_parser():
                    help="torch.set_num_threads (default 1: steadier CPU timings on a shared machine)")
     p.add_argument("--warmup", type=nonneg_int(), default=3, help="untimed steps per variant (default 3)")
     p.add_argument("--reps", type=positive_int(), default=10, help="timed steps per variant (default 10)")
+    p.add_argument("--profile", type=nonneg_int(), default=0, metavar="K",
+                   help="after the timing, profile one more step of each case and list its K kernels (ops on "
+                        "the CPU) with the most self time (default 0: no profile)")
     p.add_argument("--seed", type=nonneg_int(), default=0)
     p.add_argument("--out", "--json", dest="out", default="", help="write the results as JSON to this path")
     return p
@@ -389,6 +396,8 @@ def run_bench(args, bench, device, dtype, autocast):
                      **summarize(times[label], case["tokens"]),
                      "saved_bytes": saved_tensor_bytes(case["module"], case["forward"]),
                      "peak_step_mib": peak_step_mib(case["module"], case["step"], device)})
+        if args.profile:
+            rows[-1]["top_kernels"] = bench_profile.top_ops(case["step"], device, args.profile, synchronize)
     for row in rows:
         row["saved_bytes_per_token"] = row["saved_bytes"] / cases[row["label"]]["tokens"]
     return add_ratios(rows)
@@ -456,6 +465,7 @@ def main(argv=None):
         for bench in benches:
             rows = run_bench(args, bench, device, dtype, autocast)
             print_table(rows, bench, args)
+            bench_profile.print_profile(rows)
             results += rows
         how = "compiled" if args.compile else "eager"
     print(f"\n{device.type} {str(dtype).replace('torch.', '')}, {how}, "

@@ -11,8 +11,9 @@ every case, so a run cut off from outside still leaves what it measured):
              windows: FlexAttention with its block mask vs SDPA
   model      whole-model forward + backward step of every variant at D = 6 and D = 12 (n = 4,
              compiled, bf16, device batch 32 or the largest that fits: an OOM halves it):
-             time, tokens/s, MFU, peak memory, ratios to residual and to mHC per token, and
-             residual with full-causal attention everywhere as the windowing reference
+             time, tokens/s, MFU, peak memory beside the memory planner's estimate, ratios to
+             residual and to mHC per token, residual with full-causal attention everywhere as
+             the windowing reference, and each case's top kernels in one profiled step
   grads      one connection layer per variant, gradients compiled vs eager (bf16 autocast)
   train      a 20-step scripts.base_train run (uncompiled model) of every variant on a
              generated corpus (shards and tokenizer written locally), ending with val bpb,
@@ -62,12 +63,13 @@ import torch
 
 from nanochat import gpt
 from nanochat.cli import positive_int, run
-from nanochat.common import get_peak_flops, single_gpu_device, text_table
-from scripts import bench, bench_infer
+from nanochat.common import get_peak_flops, single_gpu_device, synchronize, text_table
+from scripts import bench, bench_infer, bench_profile
 
 SECTIONS = ("env", "attention", "model", "grads", "train", "kernels", "pre", "infer")
 VARIANTS = bench.VARIANTS
 FULL_CAUSAL = "residual (full causal)"
+TOP_KERNELS = 6  # kernels listed per model case: where a ratio to residual comes from
 
 # Sizes per profile. gpu: the paper's D6/D12 models (head dim 128, T 2048, device batch 32).
 PROFILES = {
@@ -281,7 +283,8 @@ def model_section(prof, variants, device, dtype, autocast, compile_model, budget
                 "mfu_pct": 100 * flops * summary["tokens_per_s"] / peak_flops if peak_flops != float("inf") else None,
                 "param_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
                 "step_peak_mib": bench.peak_step_mib(model, case["step"], device),
-                "estimate_step_mib": estimated_step_mib(model.config, case["batch"], compile_model, device)})
+                "estimate_step_mib": estimated_step_mib(model.config, case["batch"], compile_model, device),
+                "top_kernels": bench_profile.top_ops(case["step"], device, TOP_KERNELS, synchronize)})
         for row in depth_rows:
             for key, ref_label in (("vs_residual", "residual"), ("vs_mhc", "mhc"), ("vs_full_causal", FULL_CAUSAL)):
                 ref = next((r for r in depth_rows if r["label"] == ref_label), None)
@@ -533,6 +536,14 @@ def markdown(result):
                             for r in result["model"]]),
                   "", "Ratios are per token (batches may differ after an OOM halving); compiled: "
                   f"{result['model'][0]['compiled']}."]
+        profiled = [r for r in result["model"] if r.get("top_kernels")]
+        if profiled:
+            lines += ["", f"Where each step's time goes: the {TOP_KERNELS} kernels with the most self time in one "
+                      "profiled step (torch.profiler)", "",
+                      md_table(["D", "variant", "kernel", "calls", "ms", "share"],
+                               [[r["depth"] if i == 0 else "", r["label"] if i == 0 else "", f"`{op['name'][:90]}`",
+                                 op["calls"], f"{op['ms']:.2f}", f"{100 * op['share']:.0f}%"]
+                                for r in profiled for i, op in enumerate(r["top_kernels"])])]
     if result.get("grads"):
         lines += ["", "## Compiled vs eager gradients, one connection layer (bf16 autocast)", "",
                   md_table(["variant", "compile backend", "max rel. gap", "worst tensor"],

@@ -101,6 +101,23 @@ def test_table_is_printed(capsys, report):
     assert "\nresidual " in out and "\nmhc " in out and "spread = IQR / median" in out
 
 
+def test_profile_lists_each_cases_top_ops(tmp_path, capsys):
+    """--profile K: each row's K ops with the most self time of one step, largest first, with
+    calls and shares of that step."""
+    out = tmp_path / "bench.json"
+    bench.main(TINY + ["--bench", "model", "--variants", "residual", "kromhc", "--reps", "1", "--profile", "4",
+                       "--out", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert [r["label"] for r in rows] == ["residual", "kromhc"]
+    for r in rows:
+        top = r["top_kernels"]
+        assert len(top) == 4 and all(op["name"] and op["calls"] >= 1 for op in top)
+        assert [op["ms"] for op in top] == sorted((op["ms"] for op in top), reverse=True)
+        assert 0 < sum(op["share"] for op in top) <= 1 + 1e-9
+    printed = capsys.readouterr().out
+    assert "where one step's time goes" in printed and rows[1]["top_kernels"][0]["name"][:40] in printed
+
+
 def test_help_runs():
     result = subprocess.run([sys.executable, "-m", "scripts.bench", "--help"], capture_output=True, text=True)
     assert result.returncode == 0

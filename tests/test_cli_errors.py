@@ -78,6 +78,7 @@ ALLOWED = {
     ("scripts.bench", "--width"): {"0"},  # 0: from the depth
     ("scripts.bench", "--warmup"): {"0"},
     ("scripts.bench", "--seed"): {"0"},
+    ("scripts.bench", "--profile"): {"0"},  # 0: no profile
     ("scripts.export", "--step"): {"0"},
     ("scripts.lm_eval", "--step"): {"0"},
     ("scripts.lm_eval", "--num-fewshot"): {"0"},  # zero-shot

@@ -33,6 +33,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
             assert r["vs_residual"] == pytest.approx(r["ms_per_token"] / rows["residual"]["ms_per_token"])
             assert r["vs_mhc"] == pytest.approx(r["ms_per_token"] / rows["mhc"]["ms_per_token"])
         assert rows[gpu_check.FULL_CAUSAL]["window_pattern"] == "L"
+        assert all(len(r["top_kernels"]) == gpu_check.TOP_KERNELS for r in rows.values())  # profiled
     # at depth 2 the first layer is windowed (the last one never is): fewer attention FLOPs
     windowed, full = (next(r for r in model if r["depth"] == 2 and r["label"] == label)
                       for label in ("residual", gpu_check.FULL_CAUSAL))
@@ -63,6 +64,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
         assert r["saved_bytes"] > 0
 
     assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
+    assert "Where each step's time goes" in md
     assert "## Stream kernels: torch vs liger" in md
     assert {r["variant"] for r in result["infer"]} == set(bench.VARIANTS)
     assert "## Inference: prefill and decode" in md
