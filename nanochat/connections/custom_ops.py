@@ -6,7 +6,8 @@ torch.library.custom_op overwrites an existing definition: it destroys the first
 registrations, while the first module's callers keep its operator handle, so their next call
 reaches a freed operator (seen as `MemoryError: std::bad_alloc` from the op, or a segmentation
 fault, at random calls after a model was loaded from its export). Here a second definition
-returns the first instead; both copies hold the same code, so either serves both. torch keeps
+returns the first instead, which serves both: an export carries the code of the version that
+wrote it, the same ops as the project's unless the two versions differ. torch keeps
 no public registry of custom ops: `OPDEFS` (torch._library.custom_ops, in every torch the
 project supports) is the one custom_op itself fills.
 """
