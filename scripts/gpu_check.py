@@ -149,7 +149,11 @@ class Budget:
 
 
 def env_info(device):
+    from nanochat.memory import code_fingerprint
+    # "code": the digest of the model and connection code measured (the memory cache's key), so
+    # that a committed result can be told apart from the code it no longer describes.
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": device.type,
+            "code": code_fingerprint(),
             "backward_pass_autocast": getattr(torch._functorch.config, "backward_pass_autocast", None)}
     try:
         import triton
@@ -511,7 +515,8 @@ def markdown(result):
     env, lines = result["env"], ["# gpu_check", ""]
     measured = env.get("device") == "cuda"
     lines.append(f"{env.get('device_name')} ({env.get('device')}), torch {env.get('torch')}, CUDA {env.get('cuda')}, "
-                 f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}; profile `{result['profile']}`.")
+                 f"cuDNN {env.get('cudnn')}, Triton {env.get('triton')}; profile `{result['profile']}`; "
+                 f"model code {env.get('code')}.")
     if not measured:
         lines.append("\n**No CUDA device: toy sizes, a check that the command runs. These are not GPU numbers.**")
     if "sdpa_backend_S" in env:
