@@ -37,20 +37,16 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import DEFAULT_GO_S, orthostochastic, skew_generator_count
-from nanochat.connections.diagnostics import config_params, config_stream_flops
-from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
+                                     resolve_streams)
 from nanochat.flags import positive_int
 
 SPEC = dict(
+    FAMILY_SPEC,
     label="go-mHC",
     description="n streams, H_res orthostochastic from a Cayley transform (exactly doubly stochastic)",
     source="arXiv 2604.02309",
-    state="streams",
-    has_h_res=True,
     in_paper=False,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
     settings=lambda cfg: f"s={cfg.hc_go_s}",
     baseline="mhc",  # it replaces mHC's Sinkhorn
 )

@@ -59,17 +59,18 @@ ALPHA_INIT = 0.01
 # Res bias on the non-identity entries / permutations of the constrained variants (paper:
 # b_res = [0, -8]): H_res starts within a few e^-8 of the identity.
 OFF_IDENTITY_BIAS = -8.0
+# What every variant built on HyperConnection declares alike (spec.py): the n streams, an
+# H_res, and the family's parameter and stream-pass counts (diagnostics.py).
+FAMILY_SPEC = dict(state="streams", has_h_res=True, equals_prenorm_at_init=False, params=config_params,
+                   stream_flops=config_stream_flops)
+
 SPEC = dict(
+    FAMILY_SPEC,
     label="HC",
     description="n streams, dynamic H_pre / H_post and an unconstrained H_res from one projection",
     source="arXiv 2409.19606 (in the KromHC paper's appendix form)",
-    state="streams",
-    has_h_res=True,
     in_paper=False,
     beside_paper=True,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
 )
 
 

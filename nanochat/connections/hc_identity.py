@@ -1,20 +1,15 @@
 """hc_identity: the HC layer with H_res fixed to the identity and dynamic pre/post weights
 (hc.HCIdentityLayer), the project's ablation of what the streams buy without any mixing."""
 
-from nanochat.connections.diagnostics import config_params, config_stream_flops
-from nanochat.connections.hc import HCIdentityLayer, layer_options, resolve
+from nanochat.connections.hc import FAMILY_SPEC, HCIdentityLayer, layer_options, resolve
 
 SPEC = dict(
+    FAMILY_SPEC,
     label="HC (H_res = I)",
     description="n streams, dynamic H_pre / H_post, H_res fixed to the identity (no stream mixing)",
     source="nanochat-hc (an ablation of arXiv 2409.19606)",
-    state="streams",
-    has_h_res=True,
     in_paper=False,
     beside_paper=True,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
 )
 __all__ = ["SPEC", "resolve", "make_layers"]
 

@@ -16,20 +16,16 @@ import torch
 
 from nanochat.connections.birkhoff import (check_factors, convex_permutations, default_factors, kron_factors,
                                           permutation_matrices)
-from nanochat.connections.diagnostics import config_params, config_stream_flops
-from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
+                                     resolve_streams)
 from nanochat.flags import factor_list
 
 SPEC = dict(
+    FAMILY_SPEC,
     label="KromHC",
     description="n streams, H_res a Kronecker product of small Birkhoff factors (exactly doubly stochastic)",
     source="arXiv 2601.21579",
-    state="streams",
-    has_h_res=True,
     in_paper=True,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
     settings=lambda cfg: (f"factors {' x '.join(map(str, cfg.hc_factors))}"
                           + ("" if cfg.hc_alpha_shared else ", one alpha_res per factor")),
 )

@@ -10,19 +10,15 @@ Init: b_res = 0 on the diagonal and -8 off it (H_res diagonal 0.99899 at n = 4).
 import torch
 
 from nanochat.connections.birkhoff import sinkhorn_log
-from nanochat.connections.diagnostics import config_params, config_stream_flops
-from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
+                                     resolve_streams)
 
 SPEC = dict(
+    FAMILY_SPEC,
     label="mHC",
     description="n streams, H_res made approximately doubly stochastic by Sinkhorn-Knopp",
     source="arXiv 2512.24880",
-    state="streams",
-    has_h_res=True,
     in_paper=True,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
 )
 
 

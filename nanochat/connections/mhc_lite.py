@@ -10,20 +10,16 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import convex_permutations, permutation_matrices
-from nanochat.connections.diagnostics import config_params, config_stream_flops
-from nanochat.connections.hc import OFF_IDENTITY_BIAS, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
+                                     resolve_streams)
 
 MAX_STREAMS = 6
 SPEC = dict(
+    FAMILY_SPEC,
     label="mHC-lite",
     description="n streams, H_res a softmax-weighted sum of all n! permutation matrices (exactly doubly stochastic)",
     source="arXiv 2601.05732",
-    state="streams",
-    has_h_res=True,
     in_paper=True,
-    equals_prenorm_at_init=False,
-    params=config_params,
-    stream_flops=config_stream_flops,
 )
 
 
