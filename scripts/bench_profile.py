@@ -13,13 +13,6 @@ import torch
 from nanochat.common import text_table
 
 
-def _self_time(event, device):
-    # the device's own field: CUDA kernels carry self device time, CPU ops self CPU time
-    if device.type == "cuda":
-        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-    return event.self_cpu_time_total
-
-
 def top_ops(step, device, count, synchronize):
     """[{name, calls, ms, share}] of the `count` kernels or ops with the most self time in one
     call of `step` (already compiled and warmed up by the timing), largest first."""
@@ -29,11 +22,12 @@ def top_ops(step, device, count, synchronize):
     with profile(activities=activities) as prof:
         step()
         synchronize(device)
-    events = [e for e in prof.key_averages() if _self_time(e, device) > 0]
-    total = sum(_self_time(e, device) for e in events)
-    events.sort(key=lambda e: -_self_time(e, device))
-    return [{"name": e.key, "calls": e.count, "ms": _self_time(e, device) / 1e3,
-             "share": _self_time(e, device) / total} for e in events[:count]]
+    # CUDA kernels carry self device time, CPU ops self CPU time (microseconds)
+    field = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    timed = sorted(((getattr(e, field), e) for e in prof.key_averages() if getattr(e, field) > 0),
+                   key=lambda te: -te[0])
+    total = sum(t for t, _ in timed)
+    return [{"name": e.key, "calls": e.count, "ms": t / 1e3, "share": t / total} for t, e in timed[:count]]
 
 
 def print_profile(rows, width=80):
