@@ -132,6 +132,33 @@ def test_the_optimizer_steps_on_fake_gradients(case, monkeypatch):
     assert all(t.device.type == "cuda" for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim())
 
 
+@pytest.mark.parametrize("hc", ["kromhc", "mhc"])
+def test_each_projection_is_one_op_from_bf16_streams_to_fp32(hc, monkeypatch):
+    """Under CUDA autocast every HC layer's projection reaches the dispatcher as one
+    nanochat::project call, which takes the bf16 stream itself (no fp32 copy made outside it)
+    and returns fp32: the op torch.compile keeps opaque, where its own multiply-and-sum form of
+    the projection ran at a few hundred threads on an H200 (docs/gpu_measured.md)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if str(func) == "nanochat.project.default":
+                self.seen.append((args[0].dtype, args[1].dtype, out[0].dtype, out[1].dtype))
+            return out
+
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(hc=hc)
+        with cuda_autocast(), Calls() as calls:
+            model(tokens())
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert calls.seen == [(bf16, f32, f32, f32)] * (2 * model.config.n_layer), calls.seen
+
+
 def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
     """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/memory.py):
     the forward's saved activations (token-major ones; attention's internals differ by kernel)
