@@ -111,22 +111,18 @@ def test_a_gather_reads_its_pointwise_input_inside_its_kernel():
     """The loss's gather of target log-probs: Inductor computes the log-softmax at the gathered
     indices (an indirect load), so the (N, V) log-softmax is never a buffer (a GPU's peak showed
     it: counting it put the D=12 estimate 8 GiB above the measurement)."""
+    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(logits, targets):
         logp = logits.float().log_softmax(-1)
         return logp.gather(1, targets[:, None]).mean()
     logits, targets = torch.randn(64, 256, dtype=torch.bfloat16), torch.randint(0, 256, (64,))
-    gm = make_fx(f, decomposition_table=memory_decompositions())(logits, targets)
+    gm = make_fx(f, decomposition_table=select_decomp_table())(logits, targets)
     assert any(memory._indirect_load(n) for n in gm.graph.nodes)
     held, logp_bytes = [logits.nbytes, targets.nbytes], 64 * 256 * 4
     assert memory.graph_peak(gm, held, inductor=True) < logp_bytes  # the inputs and (N, 1) reductions
     assert memory.graph_peak(gm, held, inductor=False) > logp_bytes  # op by op, the log-softmax is written
-
-
-def memory_decompositions():
-    from torch._inductor.decomposition import select_decomp_table
-    return select_decomp_table()
 
 
 def tiny_args(tmp_path, batch="auto", cap=8):
