@@ -25,7 +25,7 @@ import re
 import torch
 
 from nanochat.common import base_dir
-from nanochat.connections import liger
+from nanochat.connections import fused, liger
 from nanochat.gpt import GPTConfig, build_model
 
 
@@ -222,9 +222,10 @@ def load_optimizer_state(run_dir, step, rank, device):
 def model_from_state(model_config, state, device):
     """Rebuild a GPT from its config dict and a state dict. The init runs first because it
     computes the non-persistent buffers; then every persistent tensor is overwritten."""
-    if model_config.get("hc_kernels") == "liger" and not (liger.AVAILABLE and liger.runs_on(torch.device(device).type)):
-        # Liger's kernels compute the layers' function (held to the torch ops in the tests),
-        # so a model trained with them evaluates anywhere with whichever ops can run there.
+    kernels = {"liger": liger, "fused": fused}.get(model_config.get("hc_kernels"))
+    if kernels is not None and not (kernels.AVAILABLE and kernels.runs_on(torch.device(device).type)):
+        # Either kernels compute the layers' function (held to the torch ops in the tests), so
+        # a model trained with them evaluates anywhere with whichever ops can run there.
         model_config = dict(model_config, hc_kernels="auto")
     model = build_model(GPTConfig(**model_config), device)
     params = dict(model.state_dict())

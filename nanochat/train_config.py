@@ -91,9 +91,9 @@ FLAGS = [
                                        "connections; 0 freezes them)"),
     ("x0_beta1", fraction(), 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
     ("hc_stats_every", positive_int(NEVER), 250, "log connection diagnostics every N steps (-1 = never)"),
-    ("hc_kernels", choice("torch", "liger", "auto"), "torch",
-     "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; "
-     "pip install -e '.[kernels]') | auto (liger on CUDA when installed)"),
+    ("hc_kernels", choice("torch", "liger", "fused", "auto"), "torch",
+     "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; pip install -e '.[kernels]') | "
+     "fused (our Triton kernels, fused across sub-layers: docs/kernels.md) | auto (liger on CUDA when installed)"),
     # options of every HC variant beyond the paper (nanochat/connections/trunk.py, hc.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "

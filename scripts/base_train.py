@@ -36,7 +36,7 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat import preempt, preflight, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
-from nanochat.connections import HC_OPTIONS, liger  # noqa: E402
+from nanochat.connections import HC_OPTIONS, fused, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model  # noqa: E402
@@ -265,9 +265,10 @@ def main(argv=None):
     if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
         raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
                          f"{device.type}); use --attention auto or sdpa")
-    if config.hc_kernels == "liger" and not liger.runs_on(device.type):
-        raise SystemExit(f"error: --hc-kernels liger runs Triton kernels on CUDA only, not on {device.type}; "
-                         f"use --hc-kernels torch or auto")
+    backend = {"liger": liger, "fused": fused}.get(config.hc_kernels)
+    if backend is not None and not backend.runs_on(device.type):
+        raise SystemExit(f"error: --hc-kernels {config.hc_kernels} runs Triton kernels on CUDA only, not on "
+                         f"{device.type}; use --hc-kernels torch or auto")
     use_compile = args.compile if args.compile is not None else device.type == "cuda"
     if args.device_batch_size == AUTO:
         args.device_batch_size, batch_note = choose_device_batch(args, config, device, info.world_size, use_compile)

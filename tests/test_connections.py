@@ -398,9 +398,9 @@ def test_permutation_buffers_are_rebuilt_by_init_weights():
     conn.init_weights()
     layer = conn.layers[0]
     assert not any(name.startswith("perms") for name in layer.state_dict())
-    assert torch.equal(layer.perms_2, torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 0]]))
-    assert torch.equal(layer.perms_3.sum(0), 2 * torch.ones(9))  # each entry in (3-1)! permutations
-    assert torch.equal(layer.perms_3[0], torch.eye(3).flatten())
+    assert torch.equal(layer.res_map.perms_2, torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 0]]))
+    assert torch.equal(layer.res_map.perms_3.sum(0), 2 * torch.ones(9))  # each entry in (3-1)! permutations
+    assert torch.equal(layer.res_map.perms_3[0], torch.eye(3).flatten())
 
 
 def test_stream_state_stays_contiguous_and_in_compute_dtype():

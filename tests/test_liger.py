@@ -187,7 +187,7 @@ def test_only_training_reaches_the_kernels(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(hc_kernels="triton"), "unknown hc_kernels='triton'; choose one of torch, liger, auto"),
+    (dict(hc_kernels="triton"), "unknown hc_kernels='triton'; choose one of torch, liger, fused, auto"),
     (dict(hc_kernels="liger", hc="mhc_lite", hc_streams=3), "power-of-two number of streams"),
 ])
 def test_invalid_kernel_choice_is_one_clear_error(overrides, message):

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, gated, go_mhc, hc, hc_identity, kromhc, laurel,
-                                  mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
+from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, fused, gated, go_mhc, hc, hc_identity, kromhc,
+                                  laurel, mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
 from nanochat.connections.diagnostics import record_state
 from nanochat.connections.spec import SpecError, spec_of
 
@@ -112,9 +112,10 @@ def variant_fields():
 class StreamConnections(nn.Module):
     """The stream state around the transformer's 2 * n_layer sub-layers, from expand to reduce."""
 
-    def __init__(self, n, layers, expand, reduce, groups=None):
+    def __init__(self, n, layers, expand, reduce, groups=None, kernels="torch"):
         super().__init__()
         self.n = n
+        self.kernels = kernels  # hc_kernels: "fused" runs the trunk as fused seams (fused.py)
         self.layers = nn.ModuleList(layers)
         self.expand = expand
         self.reduce = reduce
@@ -124,6 +125,9 @@ class StreamConnections(nn.Module):
     def forward(self, x0, branches):
         if len(branches) != len(self.layers):
             raise ValueError(f"{len(branches)} branches for {len(self.layers)} connection layers")
+        if self.final_capture is None and self.n > 1 and ops.uses_fused(self.kernels, x0):
+            # the seams between layers belong to the trunk: one kernel each (fused.py)
+            return fused.run(self, x0, branches, ops.RMS_EPS)
         X = self.expand(x0)
         carry = None
         for layer, branch in zip(self.layers, branches):
@@ -219,5 +223,6 @@ def build(cfg):
     variant = VARIANTS[cfg.hc]
     expand = getattr(variant, "make_expand", trunk.make_expand)(cfg)
     reduce = getattr(variant, "make_reduce", trunk.make_reduce)(cfg)
+    kernels = cfg.hc_kernels if hc_family(cfg.hc) else "torch"
     return StreamConnections(cfg.hc_streams, variant.make_layers(cfg), expand, reduce,
-                             getattr(variant, "param_groups", None))
+                             getattr(variant, "param_groups", None), kernels)

@@ -39,8 +39,8 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.birkhoff import convex_permutations
 from nanochat.connections.hc import HyperConnection, layer_options, resolve_streams
+from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
 PHI_STD = 0.02  # times 1 / sqrt(nC): the source's init of phi
@@ -71,18 +71,14 @@ SPEC = dict(
 
 class CirculantLayer(HyperConnection):
     def __init__(self, layer_index, n, C, gamma, **kw):
-        super().__init__(layer_index, n, C, res_groups=(n,), **kw)
+        # One group: the n cyclic shifts Pi^k (Pi^k[t, s] = [s = t - k]), leak gamma.
+        super().__init__(layer_index, n, C, PermutationMixture(n, [(n, "cyclic", gamma)]), **kw)
         self.gamma = gamma
-        # (n, n*n): Pi^k flattened, filled by init_weights (the model is built on the meta device)
-        self.register_buffer("shifts", torch.empty(n, n * n), persistent=False)
 
     @torch.no_grad()
     def init_weights(self):
         super().init_weights()
         n = self.n
-        k, t = torch.arange(n)[:, None, None], torch.arange(n)[None, :, None]
-        s = torch.arange(n)[None, None, :]
-        self.shifts.copy_(((s - t + k) % n == 0).flatten(1).to(self.shifts.dtype))  # Pi^k[t, s] = [s = t - k]
         nn.init.normal_(self.weight, std=PHI_STD / math.sqrt(n * self.C))
         self.bias[:n] = math.log(1 / (n - 1))  # H_pre = 1/n and H_post = 1 on every stream
         self.bias[n:2 * n] = 0.0
@@ -92,11 +88,7 @@ class CirculantLayer(HyperConnection):
 
     def shift_weights(self, res_logits):
         """c = (1 - gamma) e_0 + gamma softmax(z): the weight of Pi^k, (..., n)."""
-        c = self.gamma * torch.softmax(res_logits, dim=-1)
-        return torch.cat([c[..., :1] + (1 - self.gamma), c[..., 1:]], dim=-1)
-
-    def h_res(self, res_logits):
-        return convex_permutations(self.shift_weights(res_logits), self.shifts).unflatten(-1, (self.n, self.n))
+        return self.res_map.weights(res_logits)[0]
 
 
 def resolve(cfg):

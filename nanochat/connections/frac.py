@@ -140,9 +140,9 @@ def resolve(cfg):
         valid = ", ".join(str(k) for k in range(2, min(C, 16) + 1) if C % k == 0)
         raise ValueError(f"hc='frac' splits the hidden state (C={C}) into hc_streams={m} equal fractions, and {m} "
                          f"does not divide {C}; choose hc_streams among {valid}")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='frac' (Liger's are made for n copies of the "
-                         "hidden state); use hc_kernels='torch' or 'auto'")
+    if cfg.hc_kernels in ("liger", "fused"):
+        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc='frac' (they are made for n copies "
+                         "of the hidden state); use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

@@ -161,9 +161,10 @@ def resolve(cfg):
         cfg.gated_rank = default_rank(cfg.n_embd)
     if cfg.hc_recompute:
         raise ValueError("hc_recompute does not apply to hc='gated' (its gates are not the HC projection); drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError("hc_kernels='liger' has no kernels for hc='gated' (Liger's are made for the HC "
-                         "projection); use hc_kernels='torch' or 'auto'")
+    if cfg.hc_kernels in ("liger", "fused"):
+        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc='gated' (they are made for the HC "
+                         "projection's k numbers per token; gated reads with nC per-channel gates); use "
+                         "hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

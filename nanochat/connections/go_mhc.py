@@ -36,9 +36,10 @@ import math
 
 import torch
 
-from nanochat.connections.birkhoff import DEFAULT_GO_S, orthostochastic, skew_generator_count
+from nanochat.connections.birkhoff import DEFAULT_GO_S
 from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
                                      resolve_streams)
+from nanochat.connections.res_maps import OrthostochasticMap
 from nanochat.flags import positive_int
 
 SPEC = dict(
@@ -60,14 +61,11 @@ FIELD_TYPES = {"hc_go_s": positive_int()}
 
 class GoMHCLayer(HyperConnection):
     def __init__(self, layer_index, n, C, s=DEFAULT_GO_S, **kw):
-        super().__init__(layer_index, n, C, res_groups=(skew_generator_count(n * s),), **kw)
+        super().__init__(layer_index, n, C, OrthostochasticMap(n, s), **kw)
         self.s = s
 
     def res_bias_init(self):
         return torch.full((self.res_groups[0],), math.sqrt(math.exp(OFF_IDENTITY_BIAS) / (4 * self.s)))
-
-    def h_res(self, res_logits):
-        return orthostochastic(res_logits, self.n, self.s)
 
 
 def resolve(cfg):

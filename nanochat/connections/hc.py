@@ -50,7 +50,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanochat.connections.diagnostics import config_params, config_stream_flops, record_layer
-from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project
+from nanochat.connections import fused
+from nanochat.connections.ops import (RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project,
+                                      uses_fused)
+from nanochat.connections.res_maps import FreeMap, IdentityMap
 from nanochat.connections.trunk import ConnectionLayer
 
 DEFAULT_STREAMS = 4
@@ -75,15 +78,19 @@ SPEC = dict(
 
 
 class HyperConnection(ConnectionLayer):
-    """One HC layer around one sub-layer. `res_groups` holds the res logit counts, one per
-    a_res scalar (empty: no res columns). Subclasses implement `res_bias_init()` and
-    `h_res(res_logits)`."""
+    """One HC layer around one sub-layer. `res_map` (res_maps.py) turns the res logits into
+    H_res; `res_groups` holds the res logit counts, one per a_res scalar (default: one
+    scalar for all of them; none without res logits). Subclasses implement `res_bias_init()`."""
 
-    def __init__(self, layer_index, n, C, res_groups=(), norm_weight=True, recompute=False, kernels="torch",
-                 delayed_pre=False):
+    def __init__(self, layer_index, n, C, res_map, res_groups=None, norm_weight=True, recompute=False,
+                 kernels="torch", delayed_pre=False):
         super().__init__()
         self.layer_index, self.n, self.C = layer_index, n, C
-        self.res_groups = tuple(res_groups)
+        self.res_map = res_map
+        R = res_map.logit_count()
+        self.res_groups = tuple(res_groups) if res_groups is not None else ((R,) if R else ())
+        if sum(self.res_groups) != R:
+            raise ValueError(f"res_groups {self.res_groups} do not cover the map's {R} res logits")
         self.recompute = recompute
         self.delayed_pre = delayed_pre
         self.kernels = kernels  # hc_kernels, handed to the ops (which pick the backend)
@@ -108,21 +115,31 @@ class HyperConnection(ConnectionLayer):
         self.alpha.fill_(ALPHA_INIT)
         if self.norm_weight is not None:
             self.norm_weight.fill_(1.0)
+        self.res_map.init_buffers()
 
     def res_bias_init(self):
         return torch.zeros(0)
 
+    def h_res(self, res_logits):
+        return self.res_map(res_logits)
+
+    def projection_weight(self):
+        """W with the norm's weight folded in, (n*C, k): x' W = (x W_folded) / rms(x)."""
+        return self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
+
+    def column_scale(self):
+        """The alpha of each of the k columns, [a_pre]*n + [a_post]*n + a_res per res group."""
+        sizes = (self.n, self.n, *self.res_groups)
+        return torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
+
     def projection(self, X):
         """x' W for x' = RMSNorm(vec(X)), the norm's weight folded into W: (B, T, k) fp32,
         from one read of X (ops.rms_project). Call with autocast off."""
-        w = self.weight if self.norm_weight is None else self.weight * self.norm_weight[:, None]
-        return rms_project(X, w, RMS_EPS, self.kernels)
+        return rms_project(X, self.projection_weight(), RMS_EPS, self.kernels)
 
     def logits_from(self, xw):
         """a * (x' W) + b for all 2n + R columns, from the projection: (B, T, k) fp32."""
-        sizes = (self.n, self.n, *self.res_groups)
-        scale = torch.cat([a.expand(s) for a, s in zip(self.alpha.unbind(), sizes)])
-        return torch.addcmul(self.bias, xw, scale)
+        return torch.addcmul(self.bias, xw, self.column_scale())
 
     def logits(self, X):
         return self.logits_from(self.projection(X))
@@ -140,6 +157,8 @@ class HyperConnection(ConnectionLayer):
             return self.gates(self.projection(X))
 
     def step(self, X, branch, x0, carry):
+        if uses_fused(self.kernels, X) and self.capture is None:
+            return fused.layer_step(self, X, branch, carry, RMS_EPS)
         with no_autocast(X):
             xw = self.projection(X)
             if self.recompute:
@@ -164,7 +183,7 @@ class HyperConnection(ConnectionLayer):
 
     def mix_matrix(self, h_res):
         """The H_res the post mix applies; None stands for the identity (no matmul)."""
-        return h_res
+        return None if self.res_map.identity else h_res
 
 
 class HCLayer(HyperConnection):
@@ -172,24 +191,17 @@ class HCLayer(HyperConnection):
     mat puts column t*n + s at H_res[t, s]."""
 
     def __init__(self, layer_index, n, C, **kw):
-        super().__init__(layer_index, n, C, res_groups=(n * n,), **kw)
+        super().__init__(layer_index, n, C, FreeMap(n), **kw)
 
     def res_bias_init(self):
         return torch.eye(self.n).flatten()
-
-    def h_res(self, res_logits):
-        return res_logits.unflatten(-1, (self.n, self.n))
 
 
 class HCIdentityLayer(HyperConnection):
     """H_res fixed to I with dynamic pre/post: what the streams buy without any mixing."""
 
-    def h_res(self, res_logits):
-        eye = torch.eye(self.n, device=res_logits.device, dtype=res_logits.dtype)
-        return eye.expand(*res_logits.shape[:-1], self.n, self.n)
-
-    def mix_matrix(self, h_res):
-        return None
+    def __init__(self, layer_index, n, C, **kw):
+        super().__init__(layer_index, n, C, IdentityMap(n), **kw)
 
 
 def resolve_streams(cfg, max_streams=None):

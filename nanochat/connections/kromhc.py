@@ -14,10 +14,10 @@ import math
 
 import torch
 
-from nanochat.connections.birkhoff import (check_factors, convex_permutations, default_factors, kron_factors,
-                                          permutation_matrices)
+from nanochat.connections.birkhoff import check_factors, default_factors
 from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
                                      resolve_streams)
+from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import factor_list
 
 SPEC = dict(
@@ -38,19 +38,10 @@ FIELD_TYPES = {"hc_factors": factor_list}
 
 class KromHCLayer(HyperConnection):
     def __init__(self, layer_index, n, C, factors, alpha_shared=True, **kw):
-        sizes = [math.factorial(i) for i in factors]
-        super().__init__(layer_index, n, C, res_groups=(sum(sizes),) if alpha_shared else sizes, **kw)
+        # A group per factor, each over all i_k! permutations of its size, no leak.
+        res_map = PermutationMixture(n, [(i, "all", 1.0) for i in factors])
+        super().__init__(layer_index, n, C, res_map, res_groups=None if alpha_shared else res_map.sizes, **kw)
         self.factor_sizes = tuple(factors)
-        # One (i!, i*i) buffer per distinct factor size, filled by init_weights.
-        for i in sorted(set(factors)):
-            self.register_buffer(f"perms_{i}", torch.empty(math.factorial(i), i * i), persistent=False)
-
-    @torch.no_grad()
-    def init_weights(self):
-        super().init_weights()
-        for i in set(self.factor_sizes):
-            buf = getattr(self, f"perms_{i}")
-            buf.copy_(permutation_matrices(i, device=buf.device).flatten(1))
 
     def res_bias_init(self):
         parts = []
@@ -60,22 +51,10 @@ class KromHCLayer(HyperConnection):
             parts.append(b)
         return torch.cat(parts)
 
-    def factors_from_logits(self, res_logits):
-        out, start = [], 0
-        for i in self.factor_sizes:
-            m = math.factorial(i)
-            a = torch.softmax(res_logits[..., start:start + m], dim=-1)
-            out.append(convex_permutations(a, getattr(self, f"perms_{i}")).unflatten(-1, (i, i)))
-            start += m
-        return out
-
     def factors(self, X):
         """[U^1, ..., U^K], each (B, T, i_k, i_k) fp32."""
         with torch.autocast(X.device.type, enabled=False):
-            return self.factors_from_logits(self.logits(X)[..., 2 * self.n:])
-
-    def h_res(self, res_logits):
-        return kron_factors(self.factors_from_logits(res_logits))
+            return self.res_map.factors(self.logits(X)[..., 2 * self.n:])
 
 
 def resolve(cfg):

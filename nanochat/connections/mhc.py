@@ -9,9 +9,9 @@ Init: b_res = 0 on the diagonal and -8 off it (H_res diagonal 0.99899 at n = 4).
 
 import torch
 
-from nanochat.connections.birkhoff import sinkhorn_log
 from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
                                      resolve_streams)
+from nanochat.connections.res_maps import SinkhornMap
 
 SPEC = dict(
     FAMILY_SPEC,
@@ -24,14 +24,11 @@ SPEC = dict(
 
 class MHCLayer(HyperConnection):
     def __init__(self, layer_index, n, C, sk_iters=20, **kw):
-        super().__init__(layer_index, n, C, res_groups=(n * n,), **kw)
+        super().__init__(layer_index, n, C, SinkhornMap(n, sk_iters), **kw)
         self.sk_iters = sk_iters
 
     def res_bias_init(self):
         return (OFF_IDENTITY_BIAS * (1 - torch.eye(self.n))).flatten()
-
-    def h_res(self, res_logits):
-        return sinkhorn_log(res_logits.unflatten(-1, (self.n, self.n)), self.sk_iters)
 
 
 def resolve(cfg):

@@ -9,9 +9,9 @@ import math
 
 import torch
 
-from nanochat.connections.birkhoff import convex_permutations, permutation_matrices
 from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
                                      resolve_streams)
+from nanochat.connections.res_maps import PermutationMixture
 
 MAX_STREAMS = 6
 SPEC = dict(
@@ -25,22 +25,13 @@ SPEC = dict(
 
 class MHCLiteLayer(HyperConnection):
     def __init__(self, layer_index, n, C, **kw):
-        super().__init__(layer_index, n, C, res_groups=(math.factorial(n),), **kw)
-        # (n!, n*n), filled by init_weights (the model is built on the meta device).
-        self.register_buffer("perms", torch.empty(math.factorial(n), n * n), persistent=False)
-
-    @torch.no_grad()
-    def init_weights(self):
-        super().init_weights()
-        self.perms.copy_(permutation_matrices(self.n, device=self.perms.device).flatten(1))
+        # One group: the n! permutations of the n streams, no leak.
+        super().__init__(layer_index, n, C, PermutationMixture(n, [(n, "all", 1.0)]), **kw)
 
     def res_bias_init(self):
         bias = torch.full((math.factorial(self.n),), OFF_IDENTITY_BIAS)
         bias[0] = 0.0
         return bias
-
-    def h_res(self, res_logits):
-        return convex_permutations(torch.softmax(res_logits, dim=-1), self.perms).unflatten(-1, (self.n, self.n))
 
 
 def resolve(cfg):

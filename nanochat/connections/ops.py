@@ -19,9 +19,10 @@ Every forward and backward runs with autocast off: the matmuls here must stay in
 which autocast would round to the compute dtype. The compiled backward is traced apart
 from the forward, so the compiler is told below not to re-apply the forward's autocast.
 
-Backends (`hc_kernels`, docs/kernels.md): the choice between these ops and Liger's
-fused Triton kernels (liger.py) is made here, in `uses_liger`, and nowhere else; the
-layers only pass their config's choice along.
+Backends (`hc_kernels`, docs/kernels.md): the choice between these ops, Liger's fused Triton
+kernels (liger.py) and our own fused kernels (fused.py, which the trunk runs whole rather than
+op by op) is made here, in `uses_liger` and `uses_fused`, and nowhere else; the layers and the
+trunk only pass their config's choice along.
 
 Shapes: X (..., n, C); h_pre, h_post (..., n) fp32; h_res (..., n, n) fp32 or None for
 the identity; y (..., C). Arithmetic runs in the dtype of the coefficients (W, h_pre,
@@ -40,10 +41,10 @@ import torch._functorch.config
 if hasattr(torch._functorch.config, "backward_pass_autocast"):
     torch._functorch.config.backward_pass_autocast = "off"
 
-from nanochat.connections import liger
+from nanochat.connections import fused, liger
 from nanochat.connections.custom_ops import custom_op
 
-KERNELS = ("torch", "liger", "auto")
+KERNELS = ("torch", "liger", "fused", "auto")
 # F.rms_norm's default for fp32 inputs; written out because the norm is applied after the
 # matmul here (x' W = (x W) / rms(x), exact since rms is one scalar per token).
 RMS_EPS = torch.finfo(torch.float32).eps
@@ -179,6 +180,8 @@ def resolve_kernels(cfg):
         raise ValueError(f"unknown hc_kernels={cfg.hc_kernels!r}; choose one of {', '.join(KERNELS)}")
     if cfg.hc_kernels == "liger" and cfg.hc_streams > 1:
         liger.check(cfg.hc_streams)
+    if cfg.hc_kernels == "fused" and cfg.hc_streams > 1:
+        fused.check()
 
 
 def uses_liger(kernels, X):
@@ -192,6 +195,16 @@ def uses_liger(kernels, X):
     if not torch.is_grad_enabled():
         return False
     return kernels == "liger" or (kernels == "auto" and liger.serves(X))
+
+
+def uses_fused(kernels, X):
+    """fused: our kernels (fused.py), training only, as Liger's (see uses_liger); `auto` does
+    not pick them until a GPU has measured them faster (docs/kernels.md). A device the kernels
+    cannot run on stops with one clear error."""
+    if kernels != "fused" or not torch.is_grad_enabled():
+        return False
+    fused.check_device(X)
+    return True
 
 
 def rms_project(X, w, eps, kernels="torch"):

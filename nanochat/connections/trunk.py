@@ -125,7 +125,11 @@ class SumReduce(Parameterless):
 
 
 class LearnedHead(nn.Module):
-    """DeepSeek-V4's learned head collapse (see the module docstring), fp32 coefficients."""
+    """DeepSeek-V4's learned head collapse (see the module docstring), fp32 coefficients.
+    Its weight, alpha, bias, n and eps are also what the fused exit seam projects with
+    (fused.head_target)."""
+
+    eps = HEAD_EPS
 
     def __init__(self, n, C, kernels="torch"):
         super().__init__()
@@ -144,7 +148,7 @@ class LearnedHead(nn.Module):
         """w (B, T, n) fp32 from the final streams."""
         with no_autocast(X):
             xw = rms_project(X, self.weight, RMS_EPS, self.kernels)
-            return torch.sigmoid(torch.addcmul(self.bias, xw, self.alpha)) + HEAD_EPS
+            return torch.sigmoid(torch.addcmul(self.bias, xw, self.alpha)) + self.eps
 
     def forward(self, X, carry=None):
         return mix_pre(self.weights(X), X, self.kernels)
@@ -170,9 +174,9 @@ def resolve_one_state(cfg, state, hint="", recompute_note=""):
     cfg.hc_streams = 1
     if cfg.hc_recompute:
         raise ValueError(f"hc_recompute does not apply to hc={cfg.hc!r}{recompute_note}; drop it")
-    if cfg.hc_kernels == "liger":
-        raise ValueError(f"hc_kernels='liger' has no kernels for hc={cfg.hc!r} (Liger's are made for HC streams); "
-                         "use hc_kernels='torch' or 'auto'")
+    if cfg.hc_kernels in ("liger", "fused"):
+        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc={cfg.hc!r} (they are made for HC "
+                         "streams); use hc_kernels='torch' or 'auto'")
 
 
 def make_expand(cfg):

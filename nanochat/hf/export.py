@@ -51,13 +51,13 @@ def check_out_dir(out, overwrite):
 
 
 def hf_config(model_config, bos_id, dtype):
-    """The exported config: the model's own fields (Liger's kernels, a GPU-only training
+    """The exported config: the model's own fields (Liger's kernels and ours, a GPU-only training
     choice, become `auto`: the same function wherever the kernels cannot run), the special
     tokens, the dtype and the auto_map that points transformers at the exported code."""
     config = NanochatHCConfig.from_gpt_config(model_config, bos_token_id=bos_id, eos_token_id=bos_id,
                                               pad_token_id=bos_id, dtype=dtype,
                                               architectures=["NanochatHCForCausalLM"])
-    if config.hc_kernels == "liger":
+    if config.hc_kernels in ("liger", "fused"):
         config.hc_kernels = "auto"
     config.auto_map = {"AutoConfig": f"{CONFIG_MODULE}.NanochatHCConfig",
                        "AutoModelForCausalLM": f"{MODELING_MODULE}.NanochatHCForCausalLM"}

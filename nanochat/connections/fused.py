@@ -1,0 +1,491 @@
+"""`hc_kernels = fused`: the HC family's stream work in Triton kernels of our own, fused across
+the boundary between two sub-layers (kernels in fused_kernels.py).
+
+Why across the boundary. A connection layer adds under 1 % FLOPs and moves the n*C stream
+several times; its cost is bytes. Layer by layer, the post/res mix of sub-layer l writes
+X_{l+1}, and the projection and the pre mix of sub-layer l+1 read it again, twice. Here one
+kernel, a *seam*, takes X_l and the sub-layer's output y_l and computes
+
+    X_{l+1} = H_res X_l + H_post^T y_l          (written once: the next seam reads it)
+    x' W, mean(x^2) of X_{l+1}                  (the next layer's projection, one tensor-core
+                                                 product per stream, the norm weight folded in)
+    H_pre, H_post, H_res of layer l+1           (fp32, on chip: res_maps.py's kinds)
+    u_{l+1} = H_pre X_{l+1}                      (the next sub-layer's input)
+
+so the streams are read once and written once per sub-layer (the pre mix reads the tile a
+second time, just after the first, from cache; with delayed pre-weights, whose H_pre is known
+before X_{l+1} exists, in the same pass). Its backward reads the incoming stream gradient once
+and writes one stream gradient in the stream dtype, with every use of X_{l+1} (the next
+layer's mix, the pre mix, the projection) summed on chip, and recomputes X_{l+1} from X_l and
+y_l rather than keeping it. The gradient of W reduces over tokens in deterministic partial
+sums (blocks of W x token chunks, no atomics): two backward passes are bitwise equal.
+
+The trunk owns the seams: `run` replaces the layer-by-layer loop of StreamConnections, with
+the entry (X_0 = expand(x0) given, layer 0's coefficients and read) and the exit (the last
+post mix folded straight into the reduce: the sum, the carried pre-weights, or the learned
+head, whose projection is one more seam target) as seams too. A layer still declares its
+coefficients in one place: H_pre and H_post are the family's sigmoids, H_res its ResMap
+(res_maps.py). A map the kernels know is computed on chip; any other (go-mHC's Cayley
+transform) runs in PyTorch between two kernels: the seam writes X_{l+1} and its projection,
+PyTorch computes the coefficients, and a second seam reads X_{l+1} for the pre mix, one more
+read of the streams forward, and its stream gradient is summed by autograd backward.
+
+Precision: streams in the compute dtype, rounded once per value; coefficients, the
+projection and every accumulation in fp32; the projection's products take TF32 where
+PyTorch's fp32 matmuls do (torch.backends.cuda.matmul.allow_tf32), H_res's convex
+combinations never (exact double stochasticity). `hc_recompute` changes nothing here: the
+coefficients are always recomputed in backward from the k projection numbers per token.
+
+Every seam is one torch.library custom op forward (nanochat::hc_seam) and one backward, so
+torch.compile sees one node each and compiles the sub-layers between them. As Liger's
+kernels (liger.py), only training reaches them (ops.uses_fused); with TRITON_INTERPRET=1 set
+before Triton is imported they run on CPU tensors, which is how the tests check them.
+Which wirings: every HC-family variant (hc, hc_identity, mhc, mhc_lite, kromhc, cmhc on
+chip; go_mhc off chip), any n, current and delayed pre-weights, LSS, the learned head, with
+or without the norm weight, one alpha per factor. Not frac (m fractions of one state with
+per-fraction norms and an m x m read: not n streams with per-stream weights) nor gated (its
+read gate is per channel, nC numbers per token from a rank-r bottleneck, not k numbers):
+their work is not this kernel's.
+"""
+
+import ast
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import os
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from nanochat.connections.custom_ops import custom_op
+from nanochat.connections.res_maps import kernel_np, next_power_of_two
+
+INSTALL_HINT = "pip install -e '.[kernels]'"
+AVAILABLE = importlib.util.find_spec("triton") is not None
+BLOCK_T = 16  # tokens per program: the smallest tile a tensor-core product takes
+# Warps per program of the seam kernels, and channels per chunk (block_c): the largest tiles
+# whose registers fit without spilling at every n (the AOT check, docs/kernels.md).
+NUM_WARPS = 8
+SOURCES = ("given", "post")
+READS = ("none", "given", "projected")
+COEFS = ("none", "projection", "gates", "head")
+RES_KINDS = ("identity", "free", "sinkhorn", "permutations")
+# The weight gradient's programs: blocks of W's rows times token chunks, at least two waves
+# of an H100's 132 SMs when the tokens allow.
+WEIGHT_GRAD_PROGRAMS = 2 * 2 * 132
+WEIGHT_GRAD_BLOCK_TT = 32
+
+
+def check(n=None):
+    """ValueError unless the fused kernels can be used here (config time)."""
+    if not AVAILABLE:
+        raise ValueError(f"hc_kernels='fused' needs Triton, which is not installed: {INSTALL_HINT} "
+                         "(or use hc_kernels='torch')")
+
+
+def runs_on(device_type):
+    """CUDA, or anything under Triton's interpreter (TRITON_INTERPRET=1, the tests)."""
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_device(X):
+    if not runs_on(X.device.type):
+        raise RuntimeError(f"hc_kernels='fused' runs Triton kernels on CUDA tensors, got {X.device.type} ones: use "
+                           f"hc_kernels='torch' or 'auto' on this device (TRITON_INTERPRET=1 runs them on CPU, slowly)")
+
+
+@functools.cache
+def kernels():
+    # imported on first use: importing Triton takes seconds, and an exported model (which
+    # never trains) must not need it
+    return importlib.import_module("nanochat.connections.fused_kernels")
+
+
+# ----- what one seam computes -----
+
+@dataclasses.dataclass(frozen=True)
+class Seam:
+    """The static shape of one seam (fused_kernels' constexpr switches, by name):
+    source     "given": X_next is the input; "post": X_next = h_res X + h_post^T y
+    res_in     (post) whether h_res is a matrix (False: the identity)
+    read       "none", "given" (read weights passed in), "projected" (from the coefficients)
+    coef       "none", "projection" (x'W only, coefficients off chip), "gates" (an HC
+               layer's), "head" (the learned head's)
+    res_kind   (gates) the ResMap kind; sk_iters, groups: Sinkhorn rounds, mixture groups
+    ka, kb     the projection's column blocks (pre | post, or every column off chip; res)
+    write_x    store X_next; emit_carry: store the pre-weights for the next seam (delayed)"""
+    n: int
+    source: str = "given"
+    res_in: bool = True
+    read: str = "none"
+    coef: str = "none"
+    res_kind: str = "identity"
+    sk_iters: int = 0
+    groups: int = 0
+    ka: int = 16
+    kb: int = 0
+    read_eps: float = 0.0
+    write_x: bool = False
+    emit_carry: bool = False
+    eps: float = 0.0
+
+    def encode(self):
+        return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+
+    @property
+    def k(self):
+        return self.ka + self.kb
+
+    @property
+    def projects(self):
+        return self.coef != "none"
+
+    @property
+    def on_chip(self):
+        return self.coef in ("gates", "head")
+
+    def constexprs(self):
+        """The kernels' compile-time arguments."""
+        return dict(NS=self.n, NP=kernel_np(self.n), SOURCE=SOURCES.index(self.source), RES_IN=int(self.res_in),
+                    READ=READS.index(self.read), COEF=COEFS.index(self.coef), RES_KIND=RES_KINDS.index(self.res_kind),
+                    SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, KA=self.ka, KB=self.kb, KBX=self.kb or 16,
+                    READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, BLOCK_T=BLOCK_T,
+                    BLOCK_C=block_c(self.n))
+
+    def forward_constexprs(self):
+        return dict(self.constexprs(), WRITE_X=self.write_x)
+
+
+@functools.cache
+def decode(text):
+    values = {}
+    for item in text.split(";"):
+        name, _, raw = item.partition("=")
+        values[name] = ast.literal_eval(raw)
+    return Seam(**values)
+
+
+def block_c(n):
+    """Channels per chunk (NUM_WARPS says why)."""
+    return max(16, 128 // kernel_np(n))
+
+
+def dot_precision(t):
+    """TF32 for the projection's products where PyTorch's fp32 matmuls use it, else fp32."""
+    return "tf32" if t.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+# ----- the custom ops -----
+
+def _empty(x):
+    return x.new_empty(0, dtype=torch.float32)
+
+
+def _outputs(seam, x):
+    """Allocated outputs of the forward: (x_next, u, h_post, h_res, carry, xw, rstd)."""
+    N, n, C = x.shape
+    f32 = dict(dtype=torch.float32)
+    gates = seam.coef == "gates"
+    return (torch.empty_like(x) if seam.write_x else _empty(x),
+            x.new_empty(N, C) if seam.read != "none" else _empty(x),
+            x.new_empty(N, n, **f32) if gates else _empty(x),
+            x.new_empty(N, n, n, **f32) if gates and seam.res_kind != "identity" else _empty(x),
+            x.new_empty(N, n, **f32) if seam.emit_carry else _empty(x),
+            x.new_empty(N, seam.k, **f32) if seam.projects else _empty(x),
+            x.new_empty(N, **f32) if seam.projects else _empty(x))
+
+
+@custom_op("nanochat::hc_seam", mutates_args=())
+def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
+          h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
+          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    seam = decode(spec)
+    out = _outputs(seam, x)
+    x_next, u, hp_out, hr_out, carry, xw, rstd = out
+    N, _, C = x.shape
+    hread_strides = h_read.stride() if h_read is not None else (0, 0)
+    kernels().seam_forward[seam_grid(N)](
+        x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
+        _or(bias, x), _or(table, x), _or(x_next, x), _or(u, x), _or(hp_out, x), _or(hr_out, x), _or(carry, x),
+        _or(xw, x), _or(rstd, x), N, C, seam.eps, DOT_PRECISION=dot_precision(x), num_warps=NUM_WARPS,
+        **seam.forward_constexprs())
+    return out
+
+
+@_seam.register_fake
+def _(x, y, h_post, h_res, h_read, w, scale, bias, table, spec):
+    return _outputs(decode(spec), x)
+
+
+@custom_op("nanochat::hc_seam_backward", mutates_args=())
+def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
+                   h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
+                   table: Optional[Tensor], x_next: Tensor, xw: Tensor, rstd: Tensor, g_xnext: Optional[Tensor],
+                   g_u: Optional[Tensor], g_hpost: Optional[Tensor], g_hres: Optional[Tensor],
+                   g_carry: Optional[Tensor], g_xw: Optional[Tensor], g_rstd: Optional[Tensor],
+                   spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    seam = decode(spec)
+    grads = _grad_outputs(seam, x, y, h_read)
+    gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
+    N, _, C = x.shape
+    gz = x.new_empty(N, seam.k, dtype=torch.float32) if seam.on_chip else _empty(x)
+    gxw = x.new_empty(N, seam.k, dtype=torch.float32) if seam.projects else _empty(x)
+    hread_strides = h_read.stride() if h_read is not None else (0, 0)
+    kernels().seam_backward[seam_grid(N)](
+        x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
+        _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(g_xnext, x), _or(g_u, x), _or(g_hpost, x),
+        _or(g_hres, x), _or(g_carry, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x), _or(ghr, x),
+        _or(ghread, x), _or(gz, x), _or(gxw, x), N, C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None,
+        HAS_GHPO=g_hpost is not None, HAS_GHRO=g_hres is not None, HAS_GCARRY=g_carry is not None,
+        HAS_GEXT=g_xw is not None, NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x),
+        num_warps=NUM_WARPS, **seam.constexprs())
+    if seam.projects:
+        gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
+    if seam.on_chip:
+        # the per-token gradients of z = scale * (xW * rstd) + bias, summed over tokens
+        gbias.copy_(gz.sum(0))
+        gscale.copy_((gz * xw * rstd[:, None]).sum(0))
+    return grads
+
+
+@_seam_backward.register_fake
+def _(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, g_xnext, g_u, g_hpost, g_hres, g_carry,
+      g_xw, g_rstd, spec):
+    return _grad_outputs(decode(spec), x, y, h_read)
+
+
+def _grad_outputs(seam, x, y, h_read):
+    """Allocated gradients (x, y, h_post, h_res, h_read, w, scale, bias); empty where the
+    input is absent or needs none."""
+    N, n, C = x.shape
+    f32 = dict(dtype=torch.float32)
+    post = seam.source == "post"
+    return (torch.empty_like(x),
+            torch.empty_like(y) if post else _empty(x),
+            x.new_empty(N, n, **f32) if post else _empty(x),
+            x.new_empty(N, n, n, **f32) if post and seam.res_in else _empty(x),
+            x.new_empty(N, n, **f32) if seam.read == "given" else _empty(x),
+            x.new_empty(n * C, seam.k, **f32) if seam.projects else _empty(x),
+            x.new_empty(seam.k, **f32) if seam.on_chip else _empty(x),
+            x.new_empty(seam.k, **f32) if seam.on_chip else _empty(x))
+
+
+def _setup(ctx, inputs, output):
+    x, y, h_post, h_res, h_read, w, scale, bias, table, spec = inputs
+    x_next, _, _, _, _, xw, rstd = output
+    ctx.spec = spec
+    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd)
+
+
+def _present(g):
+    return g if g is not None and g.numel() else None
+
+
+def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd):
+    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd = ctx.saved_tensors
+    seam = decode(ctx.spec)
+    ext = (_present(g_xw), _present(g_rstd))
+    if (ext[0] is None) != (ext[1] is None):  # one of the two without the other: a zero for it
+        ext = tuple(torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(ext, (xw, rstd)))
+    grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd,
+                           *(_contiguous(g) for g in (g_xnext, g_u, g_hpost, g_hres, g_carry)), *ext, ctx.spec)
+    gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
+    opt = lambda g, t: g if t is not None and g.numel() else None  # noqa: E731
+    return (gx, opt(gy, y), opt(ghp, h_post), opt(ghr, h_res), opt(ghread, h_read), opt(gw, w), opt(gscale, scale),
+            opt(gbias, bias), None, None)
+
+
+def _contiguous(g):
+    g = _present(g)
+    return None if g is None else g.contiguous()
+
+
+_seam.register_autograd(_backward, setup_context=_setup)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def seam_grid(N):
+    """Programs of a seam kernel for N tokens: one per BLOCK_T tokens."""
+    return (triton_cdiv(N, BLOCK_T),)
+
+
+def weight_grad_grid(N, D):
+    """(grid, tokens per split, BLOCK_D) of the weight gradient: at least
+    WEIGHT_GRAD_PROGRAMS programs when N allows, a split a whole number of token tiles."""
+    block_d = min(128, max(16, next_power_of_two(D)))
+    d_blocks = triton_cdiv(D, block_d)
+    tt = WEIGHT_GRAD_BLOCK_TT
+    splits = max(1, min(triton_cdiv(WEIGHT_GRAD_PROGRAMS, d_blocks), triton_cdiv(N, tt)))
+    per_split = triton_cdiv(triton_cdiv(N, splits), tt) * tt
+    return (d_blocks, triton_cdiv(N, per_split)), per_split, block_d
+
+
+def _or(t, default):
+    return default if t is None or t.numel() == 0 else t
+
+
+def weight_grad(x, g):
+    """sum_t x[t]^T g[t] for x (N, n, C) in the stream dtype and g (N, K) fp32: (n*C, K) fp32,
+    from deterministic partial sums over token chunks."""
+    N = x.shape[0]
+    D, K = x[0].numel(), g.shape[1]
+    grid, per_split, block_d = weight_grad_grid(N, D)
+    partial = g.new_empty(grid[1], D, K)
+    kernels().weight_grad[grid](x, g, partial, N, D, per_split, K=K, KP=next_power_of_two(K),
+                                DOT_PRECISION=dot_precision(x), BLOCK_D=block_d, BLOCK_TT=WEIGHT_GRAD_BLOCK_TT)
+    return partial.sum(0)
+
+
+# ----- the layers' coefficients in the kernels' layout -----
+
+class Target(NamedTuple):
+    """What a seam projects for: its column layout (Seam fields) and the tensors, in the
+    kernels' layout and differentiable w.r.t. the module's parameters."""
+    fields: dict
+    w: Tensor
+    scale: Tensor
+    bias: Tensor
+    table: Optional[Tensor]
+
+
+def _pad_columns(t, width):
+    return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
+
+def layer_target(layer):
+    """An HC layer (hc.HyperConnection): block A = [pre n | post n], block B = its ResMap's
+    res logits; or, for a map with no kernel form, every column in block A (off chip)."""
+    n, res_map = layer.n, layer.res_map
+    w, scale, bias = layer.projection_weight(), layer.column_scale(), layer.bias
+    if res_map.kind is None:
+        ka = max(16, next_power_of_two(w.shape[1]))
+        return Target(dict(coef="projection", ka=ka, kb=0), _pad_columns(w, ka), _pad_columns(scale, ka),
+                      _pad_columns(bias, ka), None)
+    ka = max(16, next_power_of_two(2 * n))
+    kb = res_map.kernel_width()
+
+    def layout(t):
+        return torch.cat([_pad_columns(t[..., :2 * n], ka), res_map.kernel_layout(t[..., 2 * n:])], dim=-1)
+
+    fields = dict(coef="gates", ka=ka, kb=kb, res_kind=res_map.kind, sk_iters=getattr(res_map, "iters", 0),
+                  groups=len(getattr(res_map, "groups", ())))
+    return Target(fields, layout(w), layout(scale), layout(bias), res_map.table())
+
+
+def head_target(head):
+    """DeepSeek-V4's learned head (trunk.LearnedHead): sigmoid(a * x'W + b) + eps, x' without a weight."""
+    ka = max(16, next_power_of_two(head.n))
+    return Target(dict(coef="head", ka=ka, kb=0, read_eps=head.eps), _pad_columns(head.weight, ka),
+                  _pad_columns(head.alpha.expand(head.n), ka), _pad_columns(head.bias, ka), None)
+
+
+# ----- the seams of the trunk -----
+
+class SeamOut(NamedTuple):
+    x_next: Optional[Tensor]  # the streams written (None when only read through)
+    u: Optional[Tensor]  # the next sub-layer's input, or the reduced state
+    h_post: Optional[Tensor]  # the next layer's post and res weights, for the next seam
+    h_res: Optional[Tensor]
+    carry: Optional[Tensor]  # delayed pre-weights for the next seam
+
+
+def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False):
+    """One boundary: X_next (X itself when y is None, else h_res X + h_post^T y with post =
+    (h_post, h_res), h_res None for the identity), then, for `target` (an HC layer, the
+    learned head, or None), its coefficients and its read of X_next: with `read` None the
+    read weights come from the target's projection, else `read` is them (None target) or
+    the weights carried in (a layer with delayed pre-weights, which then carries its own on).
+    X (N, n, C); y (N, C); coefficients fp32 per token."""
+    n = X.shape[1]
+    source = dict(source="given") if y is None else dict(source="post", res_in=post[1] is not None)
+    if target is None:
+        spec = Seam(n, **source, read="none" if read is None else "given", write_x=write_x, eps=eps)
+        return _run(spec, X, y, post, read, None)
+    t = layer_target(target) if hasattr(target, "res_map") else head_target(target)
+    write_x = write_x or y is not None  # the weight gradient reads X_next
+    if t.fields["coef"] == "projection":
+        return _off_chip(X, y, post, read, target, t, source, eps, write_x)
+    delayed = read is not None
+    spec = Seam(n, **source, read="given" if delayed else "projected", write_x=write_x, emit_carry=delayed,
+                eps=eps, **t.fields)
+    return _run(spec, X, y, post, read, t)
+
+
+def _run(spec, X, y, post, read, t):
+    X, y, post = X.contiguous(), _contiguous(y), tuple(_contiguous(p) for p in post)
+    x_next, u, h_post, h_res, carry, _, _ = _seam(
+        X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4), spec.encode())
+    some = lambda v: v if v.numel() else None  # noqa: E731
+    return SeamOut(some(x_next) if spec.write_x else None, some(u), some(h_post), some(h_res), some(carry))
+
+
+def _off_chip(X, y, post, read, layer, t, source, eps, write_x):
+    """A layer whose H_res has no kernel form: the projection in one seam, the coefficients
+    in PyTorch (the layer's own gates), the read in a second seam over X_next."""
+    spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields)
+    X, y, post = X.contiguous(), _contiguous(y), tuple(_contiguous(p) for p in post)
+    x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
+    X_next = x_next if write_x else X
+    k = layer.weight.shape[1]
+    with torch.autocast(X.device.type, enabled=False):  # coefficients in fp32, as everywhere
+        h_pre, h_post, h_res = layer.gates(xw[:, :k] * rstd[:, None])
+    h_read, carry = (h_pre, None) if read is None else (read, h_pre)
+    reader = Seam(X.shape[1], source="given", read="given", eps=eps)
+    _, u, *_ = _seam(X_next, None, None, None, h_read, None, None, None, None, reader.encode())
+    return SeamOut(x_next if write_x else None, u, h_post, layer.mix_matrix(h_res), carry)
+
+
+def first_read(X):
+    """The pre-weights of the first layer under delayed pre: stream 0 alone."""
+    e0 = torch.zeros(X.shape[1], device=X.device, dtype=torch.float32)
+    e0[0] = 1.0
+    return e0.expand(X.shape[0], X.shape[1])
+
+
+def run(conn, x0, branches, eps):
+    """The trunk of StreamConnections with fused seams: x0 (B, T, C) -> the reduced state."""
+    B, T, C = x0.shape
+    layers = conn.layers
+    X = conn.expand(x0).reshape(B * T, conn.n, C)
+    delayed = layers[0].delayed_pre
+    out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps)
+    for j, branch in enumerate(branches):
+        y = branch(out.u.view(B, T, C)).reshape(B * T, C)
+        post = (out.h_post, out.h_res)
+        if j + 1 < len(layers):
+            out = seam(X, y, post, read=out.carry, target=layers[j + 1], eps=eps)
+            X = out.x_next
+        else:
+            return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C)
+
+
+def _exit(reduce, X, y, post, carry, eps):
+    """The last post mix folded into the reduce: the sum of the streams, the carried
+    pre-weights (delayed), or the learned head (a projection of its own)."""
+    if carry is not None:
+        return seam(X, y, post, read=carry, eps=eps).u
+    if hasattr(reduce, "weight"):
+        return seam(X, y, post, target=reduce, eps=eps).u
+    ones = torch.ones((), device=X.device, dtype=torch.float32).expand(X.shape[0], X.shape[1])
+    return seam(X, y, post, read=ones, eps=eps).u
+
+
+def layer_step(layer, X, branch, carry, eps):
+    """One HC layer called alone (the layer benchmark, the tests): its read, the branch, and
+    its post mix, as two seams. X (..., n, C)."""
+    shape = X.shape
+    Xf = X.reshape(-1, *shape[-2:])
+    if layer.delayed_pre and carry is None:
+        carry = first_read(Xf)
+    elif carry is not None:
+        carry = carry.reshape(-1, shape[-2])
+    out = seam(Xf, read=carry if layer.delayed_pre else None, target=layer, eps=eps)
+    y = branch(out.u.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
+    X_next = seam(Xf, y, (out.h_post, out.h_res), read=None, target=None, eps=eps, write_x=True).x_next
+    carry = out.carry.view(*shape[:-1]) if out.carry is not None else None
+    return X_next.view(shape), carry

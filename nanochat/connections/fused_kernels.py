@@ -1,0 +1,541 @@
+"""The Triton kernels of `hc_kernels = fused` (fused.py says what they compute and why).
+
+Three kernels:
+  seam_forward   one pass across the boundary between two sub-layers, per tile of BLOCK_T
+                 tokens: the streams X_next (the post/res mix of the sub-layer before, or given),
+                 the projection x W of the next layer with its mean square, the coefficients
+                 (sigmoids, Sinkhorn, permutation mixtures), and the pre mix u = h_read X_next.
+  seam_backward  its gradient, per token tile: the coefficient gradients on chip, then one
+                 read-modify of the stream gradient: G = dL/dX_next from every use of X_next,
+                 and from it the gradients of X, y, h_post and h_res of the layer before.
+  weight_grad    dL/dW = sum over tokens of X_next^T (dL/d xW), as deterministic partial sums
+                 (a block of D x token chunks per program, no atomics), summed by the caller.
+
+Layouts: streams (N, NS, C) contiguous in the stream dtype; per-token coefficients fp32,
+h_post (N, NS), h_res (N, NS, NS) with h_res[t, s] the weight of stream s in stream t;
+the projection in the column layout fused.kernel_weights builds: block A (KA columns, pre
+at [0, NS), post at [NS, 2 NS); or every column off chip), block B (KB columns, the res
+logits as res_maps.ResMap.kernel_positions places them, NP x NP for the square maps).
+Every stream value X_next is rounded to the stream dtype before anything reads it, as the
+layer-by-layer path stores and reloads it; arithmetic is fp32; each stored result is
+rounded once. Gradients of X_next recompute X_next from X and y instead of keeping it.
+
+Codes of the constexpr switches (fused.Seam holds their names):
+  SOURCE    0: X_next given (x_ptr), 1: X_next = h_res X + h_post^T y
+  RES_IN    (SOURCE 1) 0: h_res is the identity, 1: read from hres_ptr
+  READ      0: no pre mix, 1: read weights given (hread_ptr, any strides), 2: projected
+  COEF      0: no projection, 1: projection only (coefficients off chip), 2: HC gates
+            (pre, post, res), 3: the learned head (pre + READ_EPS)
+  RES_KIND  (COEF 2) 0: identity, 1: free, 2: Sinkhorn, 3: permutation mixture
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _column(tile, cols, j):
+    """tile[:, j] as a vector (j a compile-time column)."""
+    return tl.sum(tl.where(cols[None, :] == j, tile, 0.0), axis=1)
+
+
+@triton.jit
+def _zeros_tuple(count: tl.constexpr, BLOCK_T: tl.constexpr):
+    out = ()
+    for _ in tl.static_range(count):
+        out = out + (tl.zeros((BLOCK_T,), tl.float32),)
+    return out
+
+
+@triton.jit
+def _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS: tl.constexpr, SOURCE: tl.constexpr,
+                       RES_IN: tl.constexpr, BLOCK_T: tl.constexpr):
+    """(h_post[s], h_res[t*NS + s]) as per-token vectors, for a post source."""
+    hp = ()
+    hr = ()
+    if SOURCE == 1:
+        for s in tl.static_range(NS):
+            hp = hp + (tl.load(hpost_ptr + row * NS + s, mask=tmask, other=0.0),)
+        if RES_IN == 1:
+            for q in tl.static_range(NS * NS):
+                hr = hr + (tl.load(hres_ptr + row * (NS * NS) + q, mask=tmask, other=0.0),)
+    return hp, hr
+
+
+@triton.jit
+def _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS: tl.constexpr, READ: tl.constexpr):
+    out = ()
+    if READ == 1:
+        for s in tl.static_range(NS):
+            out = out + (tl.load(hread_ptr + row * hread_st + s * hread_ss, mask=tmask, other=0.0),)
+    return out
+
+
+@triton.jit
+def _stream_tiles(ptr, row, cols, mask, C, NS: tl.constexpr):
+    out = ()
+    for s in tl.static_range(NS):
+        out = out + (tl.load(ptr + row[:, None] * (NS * C) + s * C + cols[None, :], mask=mask, other=0.0)
+                     .to(tl.float32),)
+    return out
+
+
+@triton.jit
+def _next_streams(x_ptr, y_ptr, row, cols, mask, C, hp, hr, NS: tl.constexpr, SOURCE: tl.constexpr,
+                  RES_IN: tl.constexpr):
+    """(X tiles, y tile, X_next tiles) of one chunk of channels: X_next given (SOURCE 0) or
+    sum_s h_res[t, s] X[s] + h_post[t] y, rounded to the stream dtype (SOURCE 1)."""
+    xs = _stream_tiles(x_ptr, row, cols, mask, C, NS)
+    if SOURCE == 0:
+        y = tl.zeros_like(xs[0])
+        xn = xs
+    else:
+        y = tl.load(y_ptr + row[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xn = ()
+        for t in tl.static_range(NS):
+            acc = hp[t][:, None] * y
+            if RES_IN == 1:
+                for s in tl.static_range(NS):
+                    acc += hr[t * NS + s][:, None] * xs[s]
+            else:
+                acc += xs[t]
+            xn = xn + (acc.to(x_ptr.dtype.element_ty).to(tl.float32),)
+    return xs, y, xn
+
+
+@triton.jit
+def _square_offsets(row, NS: tl.constexpr, NP: tl.constexpr):
+    """Offsets and mask of an (BLOCK_T, NP*NP) tile of n x n matrices stored (N, NS, NS)."""
+    q = tl.arange(0, NP * NP)
+    a = q // NP
+    b = q % NP
+    return row[:, None] * (NS * NS) + (a * NS + b)[None, :], ((a < NS) & (b < NS))[None, :]
+
+
+# ----- H_res on chip -----
+
+@triton.jit
+def _sinkhorn_potentials(Z, rvalid, cvalid, SK_ITERS: tl.constexpr, BLOCK_T: tl.constexpr, NP: tl.constexpr):
+    """Log-space Sinkhorn-Knopp of exp(Z) (BLOCK_T, NP, NP), rows then columns, SK_ITERS
+    rounds, as potentials: the iterate after each step is Z - r - c. Returns the r and c of
+    every round (the backward replays the iterates from them, from registers)."""
+    r = tl.zeros((BLOCK_T, NP), tl.float32)
+    c = tl.zeros((BLOCK_T, NP), tl.float32)
+    rs = ()
+    cs = ()
+    for _ in tl.static_range(SK_ITERS):
+        L = Z - r[:, :, None] - c[:, None, :]
+        m = tl.where(rvalid, tl.max(L, axis=2), 0.0)
+        lse = m + tl.log(tl.sum(tl.exp(L - m[:, :, None]), axis=2))
+        r = r + tl.where(rvalid, lse, 0.0)
+        rs = rs + (r,)
+        L = Z - r[:, :, None] - c[:, None, :]
+        m = tl.where(cvalid, tl.max(L, axis=1), 0.0)
+        lse = m + tl.log(tl.sum(tl.exp(L - m[:, None, :]), axis=1))
+        c = c + tl.where(cvalid, lse, 0.0)
+        cs = cs + (c,)
+    return rs, cs
+
+
+@triton.jit
+def _sinkhorn_logits(zB, NS: tl.constexpr, NP: tl.constexpr, BLOCK_T: tl.constexpr):
+    a = tl.arange(0, NP)
+    rvalid = (a < NS)[None, :]
+    valid = (a[:, None] < NS) & (a[None, :] < NS)
+    Z = tl.where(valid[None, :, :], tl.reshape(zB, (BLOCK_T, NP, NP)), float("-inf"))
+    return Z, rvalid, valid
+
+
+@triton.jit
+def _mixture_weights(zB, gid, gam, lb, g: tl.constexpr):
+    """c^g over the KB logit columns (0 outside group g): (1 - leak) e_0 + leak softmax(z_g),
+    and the softmax itself."""
+    ing = (gid == g)[None, :]
+    zg = tl.where(ing, zB, float("-inf"))
+    m = tl.max(zg, axis=1)
+    e = tl.where(ing, tl.exp(zg - m[:, None]), 0.0)
+    p = e / tl.sum(e, axis=1)[:, None]
+    return gam[None, :] * p + tl.where(ing, lb[None, :], 0.0), p
+
+
+@triton.jit
+def _mixture_table(tab_ptr, KBX: tl.constexpr, NN: tl.constexpr):
+    kb = tl.arange(0, KBX)
+    q = tl.arange(0, NN)
+    E = tl.load(tab_ptr + kb[:, None] * (NN + 3) + q[None, :])
+    gid = tl.load(tab_ptr + kb * (NN + 3) + NN).to(tl.int32)
+    gam = tl.load(tab_ptr + kb * (NN + 3) + NN + 1)
+    lb = tl.load(tab_ptr + kb * (NN + 3) + NN + 2)
+    return E, gid, gam, lb
+
+
+@triton.jit
+def _res_forward(zB, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                 NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr, BLOCK_T: tl.constexpr):
+    """H_res (BLOCK_T, NP*NP) from the res logits (BLOCK_T, KBX)."""
+    if RES_KIND == 1:
+        H = zB
+    elif RES_KIND == 2:
+        Z, rvalid, valid = _sinkhorn_logits(zB, NS, NP, BLOCK_T)
+        rs, cs = _sinkhorn_potentials(Z, rvalid, rvalid, SK_ITERS, BLOCK_T, NP)
+        P = tl.exp(Z - rs[SK_ITERS - 1][:, :, None] - cs[SK_ITERS - 1][:, None, :])
+        H = tl.reshape(tl.where(valid[None, :, :], P, 0.0), (BLOCK_T, NP * NP))
+    else:
+        E, gid, gam, lb = _mixture_table(tab_ptr, KBX, NP * NP)
+        H = tl.full((BLOCK_T, NP * NP), 1.0, tl.float32)
+        for g in tl.static_range(NUM_GROUPS):
+            cg, _ = _mixture_weights(zB, gid, gam, lb, g)
+            # exact: each entry sums a subset of the weights (E is 0/1), in fp32 without TF32
+            H = H * tl.dot(cg, E, input_precision="ieee")
+    return H
+
+
+@triton.jit
+def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                  NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr, BLOCK_T: tl.constexpr):
+    """dL/d(res logits) (BLOCK_T, KBX) from dL/dH_res (BLOCK_T, NP*NP), recomputing the map."""
+    if RES_KIND == 1:
+        gz = gH
+    elif RES_KIND == 2:
+        Z, rvalid, valid = _sinkhorn_logits(zB, NS, NP, BLOCK_T)
+        rs, cs = _sinkhorn_potentials(Z, rvalid, rvalid, SK_ITERS, BLOCK_T, NP)
+        P = tl.exp(Z - rs[SK_ITERS - 1][:, :, None] - cs[SK_ITERS - 1][:, None, :])
+        g = tl.reshape(gH, (BLOCK_T, NP, NP)) * P  # the gradient of the last log iterate
+        # Each step l -> l - logsumexp(l) over rows (or columns) maps g to g - P * sum(g) over
+        # them, P the exp of the step's output; rounds last to first, columns before rows.
+        # (Indices written out: Triton keeps them compile-time only inline.)
+        for i in tl.static_range(SK_ITERS):
+            P = tl.exp(Z - rs[SK_ITERS - 1 - i][:, :, None] - cs[SK_ITERS - 1 - i][:, None, :])
+            g = g - P * tl.sum(g, axis=1)[:, None, :]
+            if i < SK_ITERS - 1:
+                c = cs[SK_ITERS - 2 - i]
+            else:
+                c = tl.zeros((BLOCK_T, NP), tl.float32)
+            P = tl.exp(Z - rs[SK_ITERS - 1 - i][:, :, None] - c[:, None, :])
+            g = g - P * tl.sum(g, axis=2)[:, :, None]
+        gz = tl.reshape(tl.where(valid[None, :, :], g, 0.0), (BLOCK_T, NP * NP))
+    else:
+        E, gid, gam, lb = _mixture_table(tab_ptr, KBX, NP * NP)
+        Ms = ()
+        for g in tl.static_range(NUM_GROUPS):
+            cg, _ = _mixture_weights(zB, gid, gam, lb, g)
+            Ms = Ms + (tl.dot(cg, E, input_precision="ieee"),)
+        gz = tl.zeros((BLOCK_T, KBX), tl.float32)
+        for g in tl.static_range(NUM_GROUPS):
+            others = tl.full((BLOCK_T, NP * NP), 1.0, tl.float32)
+            for h in tl.static_range(NUM_GROUPS):
+                if h != g:
+                    others = others * Ms[h]
+            gc = tl.dot(gH * others, tl.trans(E), input_precision="ieee")  # dL/dc^g (BLOCK_T, KBX)
+            _, p = _mixture_weights(zB, gid, gam, lb, g)
+            gp = tl.where((gid == g)[None, :], gam[None, :] * gc, 0.0)
+            gz += p * (gp - tl.sum(p * gp, axis=1)[:, None])
+    return gz
+
+
+# ----- the gates -----
+
+@triton.jit
+def _logits(acc, rstd, scale_ptr, bias_ptr, offset: tl.constexpr, WIDTH: tl.constexpr):
+    k = tl.arange(0, WIDTH)
+    return acc * rstd[:, None] * tl.load(scale_ptr + offset + k)[None, :] + tl.load(bias_ptr + offset + k)[None, :]
+
+
+@triton.jit
+def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr, hres_out_ptr,
+                   carry_ptr, NS: tl.constexpr, NP: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
+                   SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KBX: tl.constexpr,
+                   READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Store the next layer's h_post, h_res (and carried pre-weights); return its read weights."""
+    kA = tl.arange(0, KA)
+    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
+    read = ()
+    for s in tl.static_range(NS):
+        read = read + (_column(sA, kA, s) + READ_EPS,)
+    if COEF == 2:
+        rowA = row[:, None] * NS + kA[None, :]
+        tl.store(hpost_out_ptr + rowA - NS, 2.0 * sA, mask=tmask[:, None] & (kA[None, :] >= NS)
+                 & (kA[None, :] < 2 * NS))
+        if EMIT_CARRY:
+            tl.store(carry_ptr + rowA, sA, mask=tmask[:, None] & (kA[None, :] < NS))
+        if RES_KIND > 0:
+            H = _res_forward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), tab_ptr, RES_KIND, SK_ITERS,
+                             NUM_GROUPS, NS, NP, KBX, BLOCK_T)
+            offs, valid = _square_offsets(row, NS, NP)
+            tl.store(hres_out_ptr + offs, H, mask=tmask[:, None] & valid)
+    return read
+
+
+@triton.jit
+def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr, ghro_ptr,
+                    gcarry_ptr, NS: tl.constexpr, NP: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
+                    RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr,
+                    KBX: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GHPO: tl.constexpr,
+                    HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
+    """(dL/dz of block A, of block B, the read weights) from the gradients of what the
+    forward computed from the logits z."""
+    kA = tl.arange(0, KA)
+    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
+    read = ()
+    for s in tl.static_range(NS):
+        read = read + (_column(sA, kA, s) + READ_EPS,)
+    rowA = row[:, None] * NS + kA[None, :]
+    gA = tl.zeros((BLOCK_T, KA), tl.float32)
+    if READ == 2:
+        for s in tl.static_range(NS):
+            gA = tl.where(kA[None, :] == s, g_read[s][:, None], gA)
+    if EMIT_CARRY and HAS_GCARRY:
+        gA += tl.load(gcarry_ptr + rowA, mask=tmask[:, None] & (kA[None, :] < NS), other=0.0)
+    if COEF == 2 and HAS_GHPO:
+        gA += 2.0 * tl.load(ghpo_ptr + rowA - NS, mask=tmask[:, None] & (kA[None, :] >= NS)
+                            & (kA[None, :] < 2 * NS), other=0.0)
+    gzA = gA * sA * (1.0 - sA)
+    gzB = tl.zeros((BLOCK_T, KBX), tl.float32)
+    if COEF == 2 and RES_KIND > 0 and HAS_GHRO:
+        offs, valid = _square_offsets(row, NS, NP)
+        gH = tl.load(ghro_ptr + offs, mask=tmask[:, None] & valid, other=0.0)
+        gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), gH, tab_ptr, RES_KIND, SK_ITERS,
+                            NUM_GROUPS, NS, NP, KBX, BLOCK_T)
+    return gzA, gzB, read
+
+
+# ----- the kernels -----
+
+@triton.jit
+def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, carry_ptr, xw_ptr, rstd_ptr, N, C, eps,
+                 NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
+                 COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                 KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
+                 WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < N
+    row = t.to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    K: tl.constexpr = KA + KB
+    kA = tl.arange(0, KA)
+    kB = tl.arange(0, KBX)
+    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
+    given = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
+    accA = tl.zeros((BLOCK_T, KA), tl.float32)
+    accB = tl.zeros((BLOCK_T, KBX), tl.float32)
+    ss = tl.zeros((BLOCK_T,), tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        cc = c0 + cols
+        cmask = cc < C
+        mask = tmask[:, None] & cmask[None, :]
+        _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+        if WRITE_X:
+            for s in tl.static_range(NS):
+                tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
+                         xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
+        if COEF > 0:
+            for s in tl.static_range(NS):
+                wrow = (s * C + cc).to(tl.int64)[:, None] * K
+                accA += tl.dot(xn[s], tl.load(w_ptr + wrow + kA[None, :], mask=cmask[:, None], other=0.0),
+                               input_precision=DOT_PRECISION)
+                if KB > 0:
+                    accB += tl.dot(xn[s], tl.load(w_ptr + wrow + KA + kB[None, :], mask=cmask[:, None], other=0.0),
+                                   input_precision=DOT_PRECISION)
+                ss += tl.sum(xn[s] * xn[s], axis=1)
+        if READ == 1:
+            u = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+            for s in tl.static_range(NS):
+                u += given[s][:, None] * xn[s]
+            tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+    if COEF > 0:
+        rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
+        tl.store(xw_ptr + row[:, None] * K + kA[None, :], accA, mask=tmask[:, None])
+        if KB > 0:
+            tl.store(xw_ptr + row[:, None] * K + KA + kB[None, :], accB, mask=tmask[:, None])
+        tl.store(rstd_ptr + row, rstd, mask=tmask)
+        if COEF > 1:
+            read = _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr,
+                                  hres_out_ptr, carry_ptr, NS, NP, COEF, RES_KIND, SK_ITERS, NUM_GROUPS, KA, KBX,
+                                  READ_EPS, EMIT_CARRY, BLOCK_T)
+            if READ == 2:
+                # The read weights need the whole projection: a second pass over the tile, last
+                # chunk first (the most recently read ones are likeliest still in cache).
+                chunks = tl.cdiv(C, BLOCK_C)
+                for i in range(0, chunks):
+                    cc = (chunks - 1 - i) * BLOCK_C + cols
+                    mask = tmask[:, None] & (cc < C)[None, :]
+                    _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                    u = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+                    for s in tl.static_range(NS):
+                        u += read[s][:, None] * xn[s]
+                    tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
+                  tab_ptr, xw_ptr, rstd_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gcarry_ptr, gxw_ext_ptr,
+                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gxw_ptr, N, C,
+                  NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
+                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
+                  EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
+                  HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, HAS_GEXT: tl.constexpr,
+                  NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < N
+    row = t.to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    K: tl.constexpr = KA + KB
+    kA = tl.arange(0, KA)
+    kB = tl.arange(0, KBX)
+    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
+    read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
+
+    # The projection's gradient: dL/dz of the gates on chip (COEF > 1), which for projected
+    # read weights first needs dL/dh_read = sum_c g_u X_next (one pass over the tile), or
+    # given by the caller (COEF 1: the coefficients were computed off chip).
+    gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
+    gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
+    coefx = tl.zeros((BLOCK_T,), tl.float32)
+    if COEF > 0:
+        accA = tl.load(xw_ptr + row[:, None] * K + kA[None, :], mask=tmask[:, None], other=0.0)
+        accB = tl.zeros((BLOCK_T, KBX), tl.float32)
+        if KB > 0:
+            accB = tl.load(xw_ptr + row[:, None] * K + KA + kB[None, :], mask=tmask[:, None], other=0.0)
+        rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
+        gxwnA = tl.zeros((BLOCK_T, KA), tl.float32)
+        gxwnB = tl.zeros((BLOCK_T, KBX), tl.float32)
+        if COEF > 1:
+            g_read = _zeros_tuple(NS, BLOCK_T)
+            if READ == 2 and HAS_GU:
+                for c0 in range(0, C, BLOCK_C):
+                    cc = c0 + cols
+                    mask = tmask[:, None] & (cc < C)[None, :]
+                    _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                    gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                    new = ()
+                    for s in tl.static_range(NS):
+                        new = new + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
+                    g_read = new
+            gzA, gzB, projected = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask,
+                                                  ghpo_ptr, ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND,
+                                                  SK_ITERS, NUM_GROUPS, KA, KBX, READ_EPS, EMIT_CARRY, HAS_GHPO,
+                                                  HAS_GHRO, HAS_GCARRY, BLOCK_T)
+            if READ == 2:
+                read = projected
+            tl.store(gz_ptr + row[:, None] * K + kA[None, :], gzA, mask=tmask[:, None])
+            gxwnA = gzA * tl.load(scale_ptr + kA)[None, :]
+            if KB > 0:
+                tl.store(gz_ptr + row[:, None] * K + KA + kB[None, :], gzB, mask=tmask[:, None])
+                gxwnB = gzB * tl.load(scale_ptr + KA + kB)[None, :]
+        # x'W = (xW) * rstd: the gradients of the raw projection and of rstd
+        grstd = tl.sum(gxwnA * accA, axis=1) + tl.sum(gxwnB * accB, axis=1)
+        gxwA = gxwnA * rstd[:, None]
+        gxwB = gxwnB * rstd[:, None]
+        if HAS_GEXT:
+            gxwA += tl.load(gxw_ext_ptr + row[:, None] * K + kA[None, :], mask=tmask[:, None], other=0.0)
+            if KB > 0:
+                gxwB += tl.load(gxw_ext_ptr + row[:, None] * K + KA + kB[None, :], mask=tmask[:, None], other=0.0)
+            grstd += tl.load(grstd_ext_ptr + row, mask=tmask, other=0.0)
+        tl.store(gxw_ptr + row[:, None] * K + kA[None, :], gxwA, mask=tmask[:, None])
+        if KB > 0:
+            tl.store(gxw_ptr + row[:, None] * K + KA + kB[None, :], gxwB, mask=tmask[:, None])
+        # rstd = (sum(x^2) / D + eps)^-1/2: d rstd / dx = -rstd^3 x / D
+        coefx = -grstd * rstd * rstd * rstd / (NS * C)
+
+    # One pass: G = dL/dX_next from the next layer, the pre mix and the projection; then the
+    # gradients of what X_next was made from.
+    g_hp = _zeros_tuple(NS, BLOCK_T)
+    g_hr = _zeros_tuple(NS * NS, BLOCK_T)
+    g_hread = _zeros_tuple(NS, BLOCK_T)
+    for c0 in range(0, C, BLOCK_C):
+        cc = c0 + cols
+        cmask = cc < C
+        mask = tmask[:, None] & cmask[None, :]
+        xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+        gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+        if READ > 0 and HAS_GU:
+            gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+        G = ()
+        for s in tl.static_range(NS):
+            g = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+            if HAS_GXO:
+                g += tl.load(gxo_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], mask=mask,
+                             other=0.0).to(tl.float32)
+            if READ > 0 and HAS_GU:
+                g += read[s][:, None] * gu
+            if COEF > 0:
+                wrow = (s * C + cc).to(tl.int64)[None, :] * K
+                g += tl.dot(gxwA, tl.load(w_ptr + wrow + kA[:, None], mask=cmask[None, :], other=0.0),
+                            input_precision=DOT_PRECISION)
+                if KB > 0:
+                    g += tl.dot(gxwB, tl.load(w_ptr + wrow + KA + kB[:, None], mask=cmask[None, :], other=0.0),
+                                input_precision=DOT_PRECISION)
+                g += coefx[:, None] * xn[s]
+            G = G + (g,)
+        if READ == 1 and NEED_GHREAD:
+            new = ()
+            for s in tl.static_range(NS):
+                new = new + (g_hread[s] + tl.sum(gu * xn[s], axis=1),)
+            g_hread = new
+        if SOURCE == 0:
+            for s in tl.static_range(NS):
+                tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], G[s].to(gx_ptr.dtype.element_ty),
+                         mask=mask)
+        else:
+            gy = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+            new_hp = ()
+            for t2 in tl.static_range(NS):
+                gy += hp[t2][:, None] * G[t2]
+                new_hp = new_hp + (g_hp[t2] + tl.sum(G[t2] * y, axis=1),)
+            g_hp = new_hp
+            tl.store(gy_ptr + row[:, None] * C + cc[None, :], gy.to(gy_ptr.dtype.element_ty), mask=mask)
+            for s in tl.static_range(NS):
+                if RES_IN == 1:
+                    gxs = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+                    for t2 in tl.static_range(NS):
+                        gxs += hr[t2 * NS + s][:, None] * G[t2]
+                else:
+                    gxs = G[s]
+                tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], gxs.to(gx_ptr.dtype.element_ty),
+                         mask=mask)
+            if RES_IN == 1:
+                new_hr = ()
+                for q in tl.static_range(NS * NS):
+                    new_hr = new_hr + (g_hr[q] + tl.sum(G[q // NS] * xs[q % NS], axis=1),)
+                g_hr = new_hr
+    if SOURCE == 1:
+        for s in tl.static_range(NS):
+            tl.store(ghp_ptr + row * NS + s, g_hp[s], mask=tmask)
+        if RES_IN == 1:
+            for q in tl.static_range(NS * NS):
+                tl.store(ghr_ptr + row * (NS * NS) + q, g_hr[q], mask=tmask)
+    if READ == 1 and NEED_GHREAD:
+        for s in tl.static_range(NS):
+            tl.store(ghread_ptr + row * NS + s, g_hread[s], mask=tmask)
+
+
+@triton.jit
+def weight_grad(x_ptr, g_ptr, out_ptr, N, D, TOKENS_PER_SPLIT, K: tl.constexpr, KP: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_TT: tl.constexpr):
+    """out[split, d, k] = sum over the split's tokens t of x[t, d] g[t, k]."""
+    d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    split = tl.program_id(1)
+    dmask = d < D
+    k = tl.arange(0, KP)
+    kmask = k < K
+    acc = tl.zeros((BLOCK_D, KP), tl.float32)
+    start = split * TOKENS_PER_SPLIT
+    end = tl.minimum(start + TOKENS_PER_SPLIT, N)
+    for t0 in range(start, end, BLOCK_TT):
+        t = t0 + tl.arange(0, BLOCK_TT)
+        tm = t < end
+        rows = t.to(tl.int64)
+        xt = tl.load(x_ptr + rows[None, :] * D + d[:, None], mask=dmask[:, None] & tm[None, :], other=0.0)
+        gt = tl.load(g_ptr + rows[:, None] * K + k[None, :], mask=tm[:, None] & kmask[None, :], other=0.0)
+        acc += tl.dot(xt.to(tl.float32), gt, input_precision=DOT_PRECISION)
+    out = out_ptr + (split.to(tl.int64) * D + d[:, None]) * K + k[None, :]
+    tl.store(out, acc, mask=dmask[:, None] & kmask[None, :])
