@@ -202,6 +202,8 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
           h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
           table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     seam = decode(spec)
+    # the kernels assume contiguous rows (the read weights come with their strides)
+    x, y, h_post, h_res, w, scale, bias, table = map(_contiguous, (x, y, h_post, h_res, w, scale, bias, table))
     out = _outputs(seam, x)
     x_next, u, hp_out, hr_out, carry, xw, rstd = out
     N, _, C = x.shape
@@ -227,6 +229,9 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
                    g_carry: Optional[Tensor], g_xw: Optional[Tensor], g_rstd: Optional[Tensor],
                    spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     seam = decode(spec)
+    x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd = map(
+        _contiguous, (x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw,
+                      g_rstd))
     grads = _grad_outputs(seam, x, y, h_read)
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     N, _, C = x.shape
@@ -288,18 +293,17 @@ def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd):
     seam = decode(ctx.spec)
     ext = (_present(g_xw), _present(g_rstd))
     if (ext[0] is None) != (ext[1] is None):  # one of the two without the other: a zero for it
-        ext = tuple(torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(ext, (xw, rstd)))
+        ext = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(ext, (xw, rstd)))
     grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd,
-                           *(_contiguous(g) for g in (g_xnext, g_u, g_hpost, g_hres, g_carry)), *ext, ctx.spec)
+                           *map(_present, (g_xnext, g_u, g_hpost, g_hres, g_carry)), *ext, ctx.spec)
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     opt = lambda g, t: g if t is not None and g.numel() else None  # noqa: E731
     return (gx, opt(gy, y), opt(ghp, h_post), opt(ghr, h_res), opt(ghread, h_read), opt(gw, w), opt(gscale, scale),
             opt(gbias, bias), None, None)
 
 
-def _contiguous(g):
-    g = _present(g)
-    return None if g is None else g.contiguous()
+def _contiguous(t):
+    return None if t is None else t.contiguous()
 
 
 _seam.register_autograd(_backward, setup_context=_setup)
@@ -417,7 +421,6 @@ def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=
 
 
 def _run(spec, X, y, post, read, t):
-    X, y, post = X.contiguous(), _contiguous(y), tuple(_contiguous(p) for p in post)
     x_next, u, h_post, h_res, carry, _, _ = _seam(
         X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4), spec.encode())
     some = lambda v: v if v.numel() else None  # noqa: E731
@@ -428,7 +431,6 @@ def _off_chip(X, y, post, read, layer, t, source, eps, write_x):
     """A layer whose H_res has no kernel form: the projection in one seam, the coefficients
     in PyTorch (the layer's own gates), the read in a second seam over X_next."""
     spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields)
-    X, y, post = X.contiguous(), _contiguous(y), tuple(_contiguous(p) for p in post)
     x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
     X_next = x_next if write_x else X
     k = layer.weight.shape[1]

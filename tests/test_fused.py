@@ -1,0 +1,411 @@
+"""hc_kernels = fused (nanochat/connections/fused.py, fused_kernels.py): our Triton seam kernels
+against the PyTorch path, on CPU tensors in Triton's interpreter (conftest.py turns it on),
+tiny shapes whose token and channel counts are not multiples of the kernels' blocks.
+
+Per seam (one boundary between sub-layers): the post/res mix, the next layer's coefficients
+and its read, forward and every gradient, for every HC variant at n = 2, 3, 4, 8 (where the
+variant allows it), current and delayed pre-weights, the entry (given streams), the exit into
+each reduce, and a layer called alone; fp32 to 1e-5 relative, bf16 to its rounding. Per
+model: a GPT on `fused` against the same weights on `torch`, its loss and every parameter's
+gradient, for each variant and option (LSS, the learned head, no norm weight, one alpha per
+factor, delayed pre-weights); two backward passes bitwise equal; the custom ops' fake and
+autograd registrations, one graph under dynamo; where the kernels run and where not, and the
+configuration errors."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch._dynamo
+
+from nanochat.checkpoint import model_from_state
+from nanochat.connections import fused, ops
+from nanochat.connections.trunk import LearnedHead
+from nanochat.gpt import GPTConfig, build_model
+from test_connections import build_layer, make_branch, randomize
+from test_gpt import randomize as randomize_model
+
+pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
+
+TOL = 1e-5  # relative, in norm (fp32)
+BF16_TOL = 2e-2  # bf16 streams: a few roundings of 2^-8
+N_TOKENS = 21  # not a multiple of fused.BLOCK_T (16)
+C = 40  # not a multiple of the channel chunk (32 for n <= 4, 16 for n = 8)
+EPS = ops.RMS_EPS
+# every HC-family variant, at the n it allows among 2, 3, 4, 8 (mhc_lite: n! permutations, <= 6)
+VARIANTS = ("hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "cmhc", "go_mhc")
+SEAM_CASES = [(v, n) for v in VARIANTS for n in (2, 3, 4, 8) if not (v == "mhc_lite" and n == 8)]
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def layer_of(variant, n, seed=21, **kw):
+    return randomize(build_layer(variant, n, C=C, **kw), seed, 0.8)
+
+
+def inputs(n, seed=1, dtype=torch.float32, N=N_TOKENS):
+    """X, y, h_post, h_res of the sub-layer before a seam, leaves that require grad."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(N, n, C, generator=g).to(dtype)
+    y = torch.randn(N, C, generator=g).to(dtype)
+    h_post = 2 * torch.rand(N, n, generator=g)
+    h_res = torch.rand(N, n, n, generator=g)
+    return [t.requires_grad_() for t in (X, y, h_post, h_res)]
+
+
+def torch_seam(X, y, post, read, target):
+    """The same boundary on the PyTorch path: the post mix, then the target's coefficients
+    (ops.py and the layer's own gates) and its read."""
+    X_next = X if y is None else ops.mix_post(post[1], X, post[0], y)
+    h_post = h_res = carry = None
+    if target is None:
+        h_read = read
+    elif isinstance(target, LearnedHead):
+        h_read = target.weights(X_next)
+    else:
+        h_pre, h_post, h_res = target.coefficients(X_next)
+        h_res = target.mix_matrix(h_res)
+        h_read, carry = (h_pre, None) if read is None else (read, h_pre)
+    u = ops.mix_pre(h_read, X_next) if h_read is not None else None
+    return fused.SeamOut(X_next, u, h_post, h_res, carry)
+
+
+def fused_seam(X, y, post, read, target):
+    return fused.seam(X, y, post, read=read, target=target, eps=EPS, write_x=True)
+
+
+def run(fn, leaves, params, *args, seed=5):
+    """Every output of a seam, and the gradients of the leaves and parameters after a random
+    projection of all of them."""
+    for t in (*leaves, *params):
+        t.grad = None
+    out = fn(*args)
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((v.float() * torch.randn(v.shape, generator=g)).sum() for v in out if v is not None)
+    loss.backward()
+    return out, [None if t.grad is None else t.grad.clone() for t in (*leaves, *params)]
+
+
+def assert_same(out_t, grads_t, out_f, grads_f, tol=TOL, names=()):
+    for name, a, b in zip(fused.SeamOut._fields, out_t, out_f):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert rel_err(b, a) < tol, (name, rel_err(b, a))
+    for i, (a, b) in enumerate(zip(grads_t, grads_f)):
+        label = names[i] if i < len(names) else i
+        assert (a is None) == (b is None), label
+        if a is not None:
+            assert a.dtype == b.dtype, label
+            assert rel_err(b, a) < tol, (label, rel_err(b, a))
+
+
+def compare(read_fn, target, n, dtype=torch.float32, tol=TOL, source="post", seed=1):
+    """One seam both ways: X_next from the post mix (source "post") or given, `read_fn(X)`
+    the read weights passed in (None: the target's own)."""
+    X, y, h_post, h_res = inputs(n, seed, dtype)
+    if getattr(getattr(target, "res_map", None), "identity", False):
+        h_res = None  # hc_identity: the layer before mixes nothing either
+    leaves = {"X": X} if source == "given" else {"X": X, "y": y, "h_post": h_post, "h_res": h_res}
+    read = read_fn(X).requires_grad_() if read_fn is not None else None
+    leaves["read"] = read
+    leaves = {name: t for name, t in leaves.items() if t is not None}
+    params = dict(target.named_parameters()) if target is not None else {}
+    args = (X, None, (None, None)) if source == "given" else (X, y, (h_post, h_res))
+    out_t, grads_t = run(torch_seam, leaves.values(), params.values(), *args, read, target)
+    out_f, grads_f = run(fused_seam, leaves.values(), params.values(), *args, read, target)
+    assert_same(out_t, grads_t, out_f, grads_f, tol, [*leaves, *params])
+
+
+def random_read(n):
+    return lambda X: torch.rand(X.shape[0], n, generator=torch.Generator().manual_seed(9))
+
+
+# ----- per seam -----
+
+@pytest.mark.parametrize("variant, n", SEAM_CASES, ids=[f"{v}-n{n}" for v, n in SEAM_CASES])
+def test_seam_matches_torch(variant, n):
+    """Between two layers, current pre-weights: X_next = h_res X + h_post^T y, the next
+    layer's projection, coefficients (H_res on chip, or in PyTorch for go_mhc) and read."""
+    compare(None, layer_of(variant, n), n)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_delayed_seam_matches_torch(variant):
+    """Delayed pre-weights: X_next is read with the weights carried in, in the same pass, and
+    the layer's own pre-weights are carried on."""
+    compare(random_read(3), layer_of(variant, 3, pre="delayed"), 3)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_entry_seam_matches_torch(variant):
+    """The first seam: the streams given (expand's output), no post mix."""
+    compare(None, layer_of(variant, 4), 4, source="given")
+
+
+@pytest.mark.parametrize("kind", ["sum", "carried", "learned"])
+def test_exit_seams_match_torch(kind):
+    """The last post mix folded into the reduce: the sum (read weights all one), the carried
+    pre-weights, or the learned head's projection."""
+    n = 4
+    if kind == "learned":
+        head = LearnedHead(n, C)
+        head.init_weights()
+        with torch.no_grad():
+            head.weight.normal_(0, 0.2, generator=torch.Generator().manual_seed(3))
+            head.bias.normal_(0, 1.0, generator=torch.Generator().manual_seed(4))
+            head.alpha.fill_(0.7)
+        compare(None, head, n)
+    elif kind == "carried":
+        compare(random_read(n), None, n)
+    else:
+        compare(lambda X: torch.ones(X.shape[0], n), None, n)
+
+
+@pytest.mark.parametrize("variant", ["kromhc", "mhc", "go_mhc"])
+def test_bf16_streams_agree_to_their_rounding(variant):
+    """bf16 streams in and out, each value rounded once; gradients of the streams in bf16,
+    of the coefficients and parameters in fp32."""
+    compare(None, layer_of(variant, 4), 4, dtype=torch.bfloat16, tol=BF16_TOL)
+
+
+def test_block_multiple_token_counts():
+    """A token count that fills every block exactly, and one with a single token."""
+    layer = layer_of("kromhc", 4)
+    for N in (2 * fused.BLOCK_T, 1):
+        X, y, h_post, h_res = inputs(4, N=N)
+        out_t, grads_t = run(torch_seam, [X, y, h_post, h_res], list(layer.parameters()), X, y, (h_post, h_res),
+                             None, layer)
+        out_f, grads_f = run(fused_seam, [X, y, h_post, h_res], list(layer.parameters()), X, y, (h_post, h_res),
+                             None, layer)
+        assert_same(out_t, grads_t, out_f, grads_f)
+
+
+@pytest.mark.parametrize("variant, pre", [(v, p) for v in ("kromhc", "mhc", "hc_identity", "go_mhc")
+                                          for p in ("current", "delayed")])
+def test_layer_called_alone_matches_torch(variant, pre):
+    """layer(X, branch) with hc_kernels='fused': its read and its post mix as two seams."""
+    layers = [randomize(build_layer(variant, 4, C=C, pre=pre, kernels=k), 21, 0.8) for k in ("torch", "fused")]
+    branch = make_branch(C)
+    X = torch.randn(2, 7, 4, C, generator=torch.Generator().manual_seed(3))
+    R = torch.randn(X.shape, generator=torch.Generator().manual_seed(4))
+    results = []
+    for layer in layers:
+        Xg = X.clone().requires_grad_()
+        out = layer(Xg, branch)
+        (out * R).sum().backward()
+        results.append((out, Xg.grad, {k: p.grad for k, p in layer.named_parameters()}))
+    (out_t, gX_t, grads_t), (out_f, gX_f, grads_f) = results
+    assert rel_err(out_f, out_t) < TOL and rel_err(gX_f, gX_t) < TOL
+    for name, g in grads_t.items():
+        assert rel_err(grads_f[name], g) < TOL, name
+
+
+# ----- per model -----
+
+MODEL_CASES = [
+    dict(hc="kromhc"), dict(hc="mhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="mhc_lite", hc_streams=3),
+    dict(hc="hc", hc_streams=2), dict(hc="hc_identity", hc_streams=3), dict(hc="cmhc"), dict(hc="go_mhc"),
+    dict(hc="go_mhc", hc_pre="delayed"), dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"),
+    dict(hc="kromhc", hc_streams=8, hc_alpha_shared=False), dict(hc="mhc_lite", hc_norm_weight=False),
+    dict(hc="kromhc", hc_streams=6, hc_pre="delayed", hc_expand="lss"),
+]
+
+
+def model_case_id(case):
+    return "-".join(f"{v}" for v in case.values())
+
+
+def tiny_gpt(kernels, dtype=torch.float32, **fields):
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{"sequence_len": 12, "vocab_size": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 2, "n_embd": 32,
+                       "hc_kernels": kernels, **fields})
+    return randomize_model(build_model(cfg, "cpu"), 0).to(dtype)
+
+
+def loss_and_grads(model, idx, run=None):
+    """The loss of `run` (default: the model) and the gradient of each of the model's parameters."""
+    model.zero_grad(set_to_none=True)
+    loss = (model if run is None else run)(idx, idx)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def batch():
+    return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=model_case_id)
+def test_model_matches_torch(case):
+    """The loss and every parameter's gradient of a GPT on fused seams equal the torch path's
+    with the same weights. fp32 reductions over tokens in another order differ by their
+    rounding, which cancellation magnifies in a few small gradients (an alpha whose terms
+    nearly cancel): each gradient must be at least as close to the fp64 torch path's as the
+    fp32 torch path's is (or within 1e-5), and all of them together within 1e-5."""
+    idx = batch()
+    loss_f, grads_f = loss_and_grads(tiny_gpt("fused", **case), idx)
+    loss_t, grads_t = loss_and_grads(tiny_gpt("torch", **case), idx)
+    _, grads_64 = loss_and_grads(tiny_gpt("torch", torch.float64, **case), idx)
+    assert abs(loss_f - loss_t) <= 1e-6 * abs(loss_t)
+    assert grads_f.keys() == grads_t.keys()
+    flat = lambda grads: torch.cat([g.flatten().double() for g in grads.values()])  # noqa: E731
+    assert rel_err(flat(grads_f), flat(grads_t)) < TOL
+    for name, g64 in grads_64.items():
+        assert rel_err(grads_f[name], g64) <= max(TOL, 2 * rel_err(grads_t[name], g64)), name
+
+
+def test_model_trains_in_bf16_like_torch():
+    """Under bf16 autocast: the same loss and gradients to bf16's rounding."""
+    idx = batch()
+    results = []
+    for kernels in ("torch", "fused"):
+        model = tiny_gpt(kernels, hc="kromhc")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(loss_and_grads(model, idx))
+    (loss_t, grads_t), (loss_f, grads_f) = results
+    assert abs(loss_f - loss_t) < 1e-2 * abs(loss_t)
+    for name, g in grads_t.items():
+        assert grads_f[name].dtype == g.dtype
+        assert rel_err(grads_f[name], g) < 5e-2, name
+
+
+@pytest.mark.parametrize("case", [dict(hc="mhc"), dict(hc="kromhc", hc_pre="delayed", hc_reduce="sum")],
+                         ids=model_case_id)
+def test_two_backward_passes_are_bitwise_equal(case):
+    model, idx = tiny_gpt("fused", **case), batch()
+    first = loss_and_grads(model, idx)
+    second = loss_and_grads(model, idx)
+    assert torch.equal(first[0], second[0])
+    for name, g in first[1].items():
+        assert torch.equal(g, second[1][name]), name
+
+
+def test_weight_gradient_reduces_over_token_chunks():
+    """The weight gradient splits the tokens into chunks whose partial sums add up exactly as
+    one product does (a token count spanning several chunks, with a ragged last one)."""
+    N, D, K = 1000, 40, 48
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 2, D // 2, generator=g)
+    grad = torch.randn(N, K, generator=g)
+    grid, per_split, _ = fused.weight_grad_grid(N, D)
+    assert grid[1] > 1 and N % per_split
+    torch.testing.assert_close(fused.weight_grad(x, grad), x.flatten(1).double().T.matmul(grad.double()).float(),
+                               rtol=1e-5, atol=1e-5)
+
+
+# ----- the frame: registrations, compile, dispatch, errors -----
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake implementations, autograd registration and AOT dispatch of the seam ops."""
+    layer = layer_of("kromhc", 4)
+    X, y, h_post, h_res = inputs(4)
+    t = fused.layer_target(layer)
+    seam = fused.Seam(4, source="post", read="projected", write_x=True, eps=EPS, **t.fields)
+    args = (X, y, h_post, h_res, None, t.w.detach().requires_grad_(), t.scale.detach().requires_grad_(),
+            t.bias.detach().requires_grad_(), t.table, seam.encode())
+    torch.library.opcheck(fused._seam, args)
+    given = fused.Seam(4, source="given", read="given", eps=EPS)
+    torch.library.opcheck(fused._seam, (X, None, None, None, torch.rand(N_TOKENS, 4, requires_grad=True), None, None,
+                                        None, None, given.encode()))
+
+
+def test_model_traces_as_one_graph_and_compiles_like_eager():
+    """No graph break in a fused model's forward (dynamo.explain), and the AOT-traced forward
+    and backward (fake implementations, the registered backward) equal eager."""
+    model, idx = tiny_gpt("fused", hc="mhc"), batch()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(idx, idx)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    loss_e, grads_e = loss_and_grads(model, idx)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    loss_c, grads_c = loss_and_grads(model, idx, compiled)
+    assert torch.allclose(loss_c, loss_e)
+    for name, g in grads_e.items():
+        assert rel_err(grads_c[name], g) < TOL, name
+
+
+def test_only_training_reaches_the_kernels(monkeypatch):
+    """A forward with autograd runs the seams (one per boundary: 2 layers, 3 seams); one
+    without (evaluation, generation) runs the torch ops, whose function is the same."""
+    calls = []
+    real = fused._seam
+
+    def counted(*args):
+        calls.append(args[-1])
+        return real(*args)
+    monkeypatch.setattr(fused, "_seam", counted)
+    model, idx = tiny_gpt("fused", hc="kromhc", n_layer=1), batch()
+    logits = model(idx)
+    assert len(calls) == 3
+    calls.clear()
+    with torch.no_grad():
+        assert torch.allclose(model(idx), logits.detach(), rtol=1e-5, atol=1e-6)
+    assert calls == []
+
+
+def test_cpu_without_the_interpreter_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    model, idx = tiny_gpt("fused", hc="kromhc"), batch()
+    with pytest.raises(RuntimeError, match="hc_kernels='torch' or 'auto'"):
+        model(idx, idx)
+    with torch.no_grad():
+        model(idx)  # evaluation runs the torch ops anywhere
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hc="frac"), "no kernels for hc='frac'"),
+    (dict(hc="gated"), "no kernels for hc='gated'"),
+    (dict(hc="attnres"), "no kernels for hc='attnres'"),
+])
+def test_wirings_without_seams_refuse_fused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(hc_kernels="fused", **overrides)
+    GPTConfig(hc="residual", hc_kernels="fused")  # nothing to fuse: the residual trunk runs as it is
+
+
+def test_missing_triton_names_the_extra(monkeypatch):
+    monkeypatch.setattr(fused, "AVAILABLE", False)
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[kernels\]'"):
+        GPTConfig(hc="kromhc", hc_kernels="fused")
+
+
+@pytest.mark.parametrize("missing", ["interpreter", "install"])
+def test_fused_checkpoint_evaluates_where_the_kernels_cannot_run(monkeypatch, missing):
+    """A model trained with the kernels loads with `auto` where they cannot run and computes
+    the same logits."""
+    model = tiny_gpt("fused", hc="kromhc")
+    idx = batch()
+    with torch.no_grad():
+        expected = model(idx)
+    if missing == "interpreter":
+        monkeypatch.delenv("TRITON_INTERPRET")
+    else:
+        monkeypatch.setattr(fused, "AVAILABLE", False)
+    loaded = model_from_state(dataclasses.asdict(model.config), model.state_dict(), "cpu")
+    assert loaded.config.hc_kernels == "auto"
+    with torch.no_grad():
+        assert torch.allclose(loaded(idx), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_layout_of_the_permutation_mixture():
+    """KromHC 2 x 2: the table's expanded permutations multiply to the Kronecker product
+    (U^2 on the slow digit), and the layout keeps every res logit in its column."""
+    layer = layer_of("kromhc", 4)
+    tab = layer.res_map.table()
+    NP = 4
+    E, group = tab[:, :NP * NP], tab[:, NP * NP]
+    assert group.tolist()[:4] == [0, 0, 1, 1] and (group[4:] == -1).all()
+    a = torch.tensor([0.3, 0.7, 0.6, 0.4])
+    H = (a[:2] @ E[:2]) * (a[2:4] @ E[2:4])
+    U1 = torch.tensor([[0.3, 0.7], [0.7, 0.3]])
+    U2 = torch.tensor([[0.6, 0.4], [0.4, 0.6]])
+    torch.testing.assert_close(H.view(NP, NP)[:4, :4], torch.kron(U2, U1))
+    t = fused.layer_target(layer)
+    k = layer.weight.shape[1]
+    assert t.w.shape == (layer.weight.shape[0], 16 + 16)
+    torch.testing.assert_close(t.w[:, :8], layer.projection_weight()[:, :8])
+    torch.testing.assert_close(t.w[:, 16:16 + k - 8], layer.projection_weight()[:, 8:])
+    assert math.isclose(t.bias[16:].sum().item(), layer.bias[8:].sum().item(), rel_tol=1e-6)
