@@ -157,6 +157,10 @@ class Seam:
     def forward_constexprs(self):
         return dict(self.constexprs(), WRITE_X=self.write_x)
 
+    def backward_constexprs(self):
+        # the Sinkhorn backward keeps every round's potentials: a power-of-two register tile
+        return dict(self.constexprs(), SK_HIST=next_power_of_two(max(1, self.sk_iters)))
+
 
 @functools.cache
 def decode(text):
@@ -245,7 +249,7 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
         _or(ghread, x), _or(gz, x), _or(gxw, x), N, C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None,
         HAS_GHPO=g_hpost is not None, HAS_GHRO=g_hres is not None, HAS_GCARRY=g_carry is not None,
         HAS_GEXT=g_xw is not None, NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x),
-        num_warps=NUM_WARPS, **seam.constexprs())
+        num_warps=NUM_WARPS, **seam.backward_constexprs())
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
     if seam.on_chip:

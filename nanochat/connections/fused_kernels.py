@@ -120,26 +120,17 @@ def _square_offsets(row, NS: tl.constexpr, NP: tl.constexpr):
 # ----- H_res on chip -----
 
 @triton.jit
-def _sinkhorn_potentials(Z, rvalid, cvalid, SK_ITERS: tl.constexpr, BLOCK_T: tl.constexpr, NP: tl.constexpr):
-    """Log-space Sinkhorn-Knopp of exp(Z) (BLOCK_T, NP, NP), rows then columns, SK_ITERS
-    rounds, as potentials: the iterate after each step is Z - r - c. Returns the r and c of
-    every round (the backward replays the iterates from them, from registers)."""
-    r = tl.zeros((BLOCK_T, NP), tl.float32)
-    c = tl.zeros((BLOCK_T, NP), tl.float32)
-    rs = ()
-    cs = ()
-    for _ in tl.static_range(SK_ITERS):
-        L = Z - r[:, :, None] - c[:, None, :]
-        m = tl.where(rvalid, tl.max(L, axis=2), 0.0)
-        lse = m + tl.log(tl.sum(tl.exp(L - m[:, :, None]), axis=2))
-        r = r + tl.where(rvalid, lse, 0.0)
-        rs = rs + (r,)
-        L = Z - r[:, :, None] - c[:, None, :]
-        m = tl.where(cvalid, tl.max(L, axis=1), 0.0)
-        lse = m + tl.log(tl.sum(tl.exp(L - m[:, None, :]), axis=1))
-        c = c + tl.where(cvalid, lse, 0.0)
-        cs = cs + (c,)
-    return rs, cs
+def _sinkhorn_round(Z, r, c, valid):
+    """One round of log-space Sinkhorn-Knopp on exp(Z) (BLOCK_T, NP, NP), rows then columns,
+    as potentials: the iterate after each step is Z - r - c. `valid` (1, NP) marks the real
+    rows and columns; the padding keeps potential 0 (its Z is -inf)."""
+    L = Z - r[:, :, None] - c[:, None, :]
+    m = tl.where(valid, tl.max(L, axis=2), 0.0)
+    r = r + tl.where(valid, m + tl.log(tl.sum(tl.exp(L - m[:, :, None]), axis=2)), 0.0)
+    L = Z - r[:, :, None] - c[:, None, :]
+    m = tl.where(valid, tl.max(L, axis=1), 0.0)
+    c = c + tl.where(valid, m + tl.log(tl.sum(tl.exp(L - m[:, None, :]), axis=1)), 0.0)
+    return r, c
 
 
 @triton.jit
@@ -182,8 +173,11 @@ def _res_forward(zB, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NU
         H = zB
     elif RES_KIND == 2:
         Z, rvalid, valid = _sinkhorn_logits(zB, NS, NP, BLOCK_T)
-        rs, cs = _sinkhorn_potentials(Z, rvalid, rvalid, SK_ITERS, BLOCK_T, NP)
-        P = tl.exp(Z - rs[SK_ITERS - 1][:, :, None] - cs[SK_ITERS - 1][:, None, :])
+        r = tl.zeros((BLOCK_T, NP), tl.float32)
+        c = tl.zeros((BLOCK_T, NP), tl.float32)
+        for _ in range(SK_ITERS):
+            r, c = _sinkhorn_round(Z, r, c, rvalid)
+        P = tl.exp(Z - r[:, :, None] - c[:, None, :])
         H = tl.reshape(tl.where(valid[None, :, :], P, 0.0), (BLOCK_T, NP * NP))
     else:
         E, gid, gam, lb = _mixture_table(tab_ptr, KBX, NP * NP)
@@ -196,27 +190,36 @@ def _res_forward(zB, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NU
 
 
 @triton.jit
-def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                  NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr, BLOCK_T: tl.constexpr):
+def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
+                  NUM_GROUPS: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr,
+                  BLOCK_T: tl.constexpr):
     """dL/d(res logits) (BLOCK_T, KBX) from dL/dH_res (BLOCK_T, NP*NP), recomputing the map."""
     if RES_KIND == 1:
         gz = gH
     elif RES_KIND == 2:
+        # The forward again, with every round's potentials kept in registers (no history in
+        # memory), then the exact gradient of the iteration as run, last step first: a step
+        # l -> l - logsumexp(l) over rows (columns) maps g to g - P * sum(g) over them, P the
+        # exp of the step's output.
         Z, rvalid, valid = _sinkhorn_logits(zB, NS, NP, BLOCK_T)
-        rs, cs = _sinkhorn_potentials(Z, rvalid, rvalid, SK_ITERS, BLOCK_T, NP)
-        P = tl.exp(Z - rs[SK_ITERS - 1][:, :, None] - cs[SK_ITERS - 1][:, None, :])
-        g = tl.reshape(gH, (BLOCK_T, NP, NP)) * P  # the gradient of the last log iterate
-        # Each step l -> l - logsumexp(l) over rows (or columns) maps g to g - P * sum(g) over
-        # them, P the exp of the step's output; rounds last to first, columns before rows.
-        # (Indices written out: Triton keeps them compile-time only inline.)
-        for i in tl.static_range(SK_ITERS):
-            P = tl.exp(Z - rs[SK_ITERS - 1 - i][:, :, None] - cs[SK_ITERS - 1 - i][:, None, :])
+        rounds = tl.arange(0, SK_HIST)[None, :, None]
+        r = tl.zeros((BLOCK_T, NP), tl.float32)
+        c = tl.zeros((BLOCK_T, NP), tl.float32)
+        rh = tl.zeros((BLOCK_T, SK_HIST, NP), tl.float32)
+        ch = tl.zeros((BLOCK_T, SK_HIST, NP), tl.float32)
+        for k in range(SK_ITERS):
+            r, c = _sinkhorn_round(Z, r, c, rvalid)
+            rh = tl.where(rounds == k, r[:, None, :], rh)
+            ch = tl.where(rounds == k, c[:, None, :], ch)
+        g = tl.reshape(gH, (BLOCK_T, NP, NP)) * tl.exp(Z - r[:, :, None] - c[:, None, :])
+        for i in range(SK_ITERS):
+            k = SK_ITERS - 1 - i
+            r = tl.sum(tl.where(rounds == k, rh, 0.0), axis=1)
+            c = tl.sum(tl.where(rounds == k, ch, 0.0), axis=1)
+            P = tl.exp(Z - r[:, :, None] - c[:, None, :])  # after the column step of round k
             g = g - P * tl.sum(g, axis=1)[:, None, :]
-            if i < SK_ITERS - 1:
-                c = cs[SK_ITERS - 2 - i]
-            else:
-                c = tl.zeros((BLOCK_T, NP), tl.float32)
-            P = tl.exp(Z - rs[SK_ITERS - 1 - i][:, :, None] - c[:, None, :])
+            c = tl.sum(tl.where(rounds == k - 1, ch, 0.0), axis=1)  # before it (0 in round 0)
+            P = tl.exp(Z - r[:, :, None] - c[:, None, :])  # after the row step of round k
             g = g - P * tl.sum(g, axis=2)[:, :, None]
         gz = tl.reshape(tl.where(valid[None, :, :], g, 0.0), (BLOCK_T, NP * NP))
     else:
@@ -274,8 +277,9 @@ def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, h
 @triton.jit
 def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr, ghro_ptr,
                     gcarry_ptr, NS: tl.constexpr, NP: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
-                    RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr,
-                    KBX: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GHPO: tl.constexpr,
+                    RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                    KA: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr,
+                    HAS_GHPO: tl.constexpr,
                     HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
     """(dL/dz of block A, of block B, the read weights) from the gradients of what the
     forward computed from the logits z."""
@@ -300,7 +304,7 @@ def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row,
         offs, valid = _square_offsets(row, NS, NP)
         gH = tl.load(ghro_ptr + offs, mask=tmask[:, None] & valid, other=0.0)
         gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), gH, tab_ptr, RES_KIND, SK_ITERS,
-                            NUM_GROUPS, NS, NP, KBX, BLOCK_T)
+                            SK_HIST, NUM_GROUPS, NS, NP, KBX, BLOCK_T)
     return gzA, gzB, read
 
 
@@ -378,9 +382,9 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   tab_ptr, xw_ptr, rstd_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gcarry_ptr, gxw_ext_ptr,
                   grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gxw_ptr, N, C,
                   NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
-                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
-                  EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
+                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
+                  NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
+                  READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, HAS_GEXT: tl.constexpr,
                   NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_C: tl.constexpr):
@@ -391,7 +395,6 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
     K: tl.constexpr = KA + KB
     kA = tl.arange(0, KA)
     kB = tl.arange(0, KBX)
-    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
     read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
 
     # The projection's gradient: dL/dz of the gates on chip (COEF > 1), which for projected
@@ -414,6 +417,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                 for c0 in range(0, C, BLOCK_C):
                     cc = c0 + cols
                     mask = tmask[:, None] & (cc < C)[None, :]
+                    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
                     _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
                     gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
                     new = ()
@@ -422,8 +426,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                     g_read = new
             gzA, gzB, projected = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask,
                                                   ghpo_ptr, ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND,
-                                                  SK_ITERS, NUM_GROUPS, KA, KBX, READ_EPS, EMIT_CARRY, HAS_GHPO,
-                                                  HAS_GHRO, HAS_GCARRY, BLOCK_T)
+                                                  SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, READ_EPS, EMIT_CARRY,
+                                                  HAS_GHPO, HAS_GHRO, HAS_GCARRY, BLOCK_T)
             if READ == 2:
                 read = projected
             tl.store(gz_ptr + row[:, None] * K + kA[None, :], gzA, mask=tmask[:, None])
@@ -455,6 +459,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
         cc = c0 + cols
         cmask = cc < C
         mask = tmask[:, None] & cmask[None, :]
+        hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
         xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
         gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
         if READ > 0 and HAS_GU:

@@ -1,0 +1,234 @@
+"""Every Triton kernel the stream backends launch at D=12, compiled ahead of time for GPUs that
+are not here: registers, spills, shared memory and programs per launch.
+
+Triton's interpreter (the tests) proves the kernels compute the right thing, not that they
+compile for a GPU, nor how they would use one. Triton compiles for a target without a device,
+and its wheel carries cuobjdump, which reads the resources from the binary. So:
+
+1. Record. Each workload (one trunk of every HC variant and option on `fused`, one layer of
+   every variant on `liger`) runs forward and backward at D=12 shapes (n = 4, C = 768, a batch
+   of 32 x 2048 tokens) on CPU tensors, with Triton's launch replaced by a recorder: the
+   Python around the kernels (block sizes, grids, strides) runs for real, no kernel does, and
+   their outputs stay uninitialized (nothing downstream depends on their values' sanity).
+2. Compile each distinct launch as Triton's JIT would on the target (its own binder: the same
+   argument specialization, constexprs and options) for sm_80 (A100) and sm_90 (H100, H200).
+3. Read registers, stack (spilled registers) and static shared memory from the cubin
+   (`cuobjdump -res-usage`), the dynamic shared memory from Triton's metadata.
+
+Checks (`failures`): no spills; shared memory within the target's per-block limit; every
+kernel that reads or writes the streams launches at least two waves of an H100's 132 SMs.
+Run it without TRITON_INTERPRET (the interpreter replaces the kernels this compiles):
+`python -m scripts.kernel_check`.
+"""
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+TARGETS = (80, 90)  # compute capabilities: A100; H100 and H200
+# Maximum shared memory per block, opt-in (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"): 163 KB on 8.0, 227 KB on 9.0.
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+H100_SMS = 132
+MIN_PROGRAMS = 2 * H100_SMS  # two waves
+D12 = dict(n=4, C=768, B=32, T=2048)
+
+
+@dataclasses.dataclass
+class Launch:
+    fn: object  # the JITFunction
+    args: tuple  # tensors replaced by stand_in()s
+    kwargs: dict
+    grid: object
+    workload: str
+    backend: str
+    streams: bool  # a tensor argument is stream-sized (touches_streams)
+
+
+@dataclasses.dataclass
+class Compiled:
+    name: str
+    backend: str
+    workloads: list
+    programs: int
+    streams: bool  # reads or writes a stream-sized tensor
+    resources: dict  # target -> dict(regs, spill, shared)
+
+
+@contextlib.contextmanager
+def recording(workload, backend, launches):
+    """Within: Triton launches are recorded into `launches` instead of run, and both kernel
+    backends accept CPU tensors."""
+    from triton.runtime.jit import JITFunction
+
+    from nanochat.connections import fused, liger
+    real = JITFunction.run, fused.runs_on, liger.runs_on
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append(Launch(self, tuple(map(stand_in, args)), {k: stand_in(v) for k, v in kwargs.items()}, grid,
+                               workload, backend, touches_streams(args)))
+
+    JITFunction.run = record
+    fused.runs_on = liger.runs_on = lambda device_type: True
+    try:
+        yield
+    finally:
+        JITFunction.run, fused.runs_on, liger.runs_on = real
+
+
+def stand_in(t):
+    """What the JIT's specialization reads of a tensor argument (its dtype, and its address
+    modulo 16) in a few bytes, so that recorded launches keep no D=12 tensor alive."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    skew = t.data_ptr() % 16 // t.element_size()
+    return torch.empty(16, dtype=t.dtype)[skew:]
+
+
+def touches_streams(args):
+    """Whether a tensor argument has at least N x C elements (a stream, a stream gradient, a
+    C-wide per-token tensor): the launches whose speed is bandwidth."""
+    tokens = D12["B"] * D12["T"]
+    return any(isinstance(a, torch.Tensor) and a.numel() >= tokens * D12["C"] for a in args)
+
+
+def fused_workloads():
+    """(label, config fields) of every distinct seam set: each HC variant with current and
+    delayed pre-weights, and the learned head (the other options launch the same kernels)."""
+    from nanochat import connections
+    out = []
+    for name in connections.VARIANTS:
+        if connections.hc_family(name):
+            out += [(f"{name}", dict(hc=name)), (f"{name} delayed", dict(hc=name, hc_pre="delayed"))]
+    out.append(("kromhc learned head", dict(hc="kromhc", hc_reduce="learned")))
+    return out
+
+
+def liger_workloads():
+    from nanochat import connections
+    return [(name, dict(hc=name)) for name in connections.VARIANTS if connections.hc_family(name)]
+
+
+def _config(kernels, fields, n_layer):
+    from nanochat.gpt import GPTConfig
+    C = D12["C"]
+    return GPTConfig(sequence_len=D12["T"], vocab_size=64, n_layer=n_layer, n_head=C // 128, n_kv_head=C // 128,
+                     n_embd=C, hc_streams=D12["n"], hc_kernels=kernels, **fields)
+
+
+def run_fused(fields):
+    """A two-block trunk (entry, middle and exit seams) forward and backward at D=12."""
+    from nanochat import connections
+    conn = connections.build(_config("fused", fields, n_layer=2))
+    conn.init_weights()
+    x0 = torch.randn(D12["B"], D12["T"], D12["C"], dtype=torch.bfloat16, requires_grad=True)
+    out = conn(x0, [lambda u: u] * len(conn.layers))
+    out.float().sum().backward()
+
+
+def run_liger(fields):
+    """One layer forward and backward at D=12 (Liger's kernels are per layer)."""
+    from nanochat import connections
+    conn = connections.build(_config("liger", fields, n_layer=1))
+    conn.init_weights()
+    X = torch.randn(D12["B"], D12["T"], D12["n"], D12["C"], dtype=torch.bfloat16, requires_grad=True)
+    conn.layers[0](X, lambda u: u).float().sum().backward()
+
+
+def record_all():
+    launches = []
+    for backend, workloads, run in (("fused", fused_workloads(), run_fused), ("liger", liger_workloads(), run_liger)):
+        for label, fields in workloads:
+            with recording(label, backend, launches):
+                run(fields)
+    return launches
+
+
+def _backend(cc):
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    target = GPUTarget("cuda", cc, 32)
+    return target, CUDABackend(target)
+
+
+def specialize(launch, cc):
+    """What Triton's JIT would compile for this launch on compute capability cc: (source,
+    options, bound arguments)."""
+    from triton import knobs
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import create_function_from_signature
+    target, backend = _backend(cc)
+    fn = launch.fn
+    kwargs = dict(launch.kwargs, debug=launch.kwargs.get("debug", fn.debug) or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return target, ASTSource(fn, signature, constexprs, attrs), options, bound
+
+
+def _key(launch):
+    _, src, options, _ = specialize(launch, TARGETS[-1])
+    return src.hash() + str(options)
+
+
+def cuobjdump():
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resources(launch, cc):
+    """dict(regs, spill, shared) of the launch's kernel compiled for cc: spill = the stack
+    frame ptxas gave it (where spilled registers go), shared = static + dynamic bytes."""
+    import triton
+    target, src, options, _ = specialize(launch, cc)
+    kernel = triton.compile(src, target=target, options=options.__dict__)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([cuobjdump(), "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage.split("Function", 1)[1]))
+    return dict(regs=int(found["REG"]), spill=int(found["STACK"]) + int(found["LOCAL"]),
+                shared=int(found["SHARED"]) + kernel.metadata.shared)
+
+
+def programs(launch):
+    _, _, _, bound = specialize(launch, TARGETS[-1])
+    grid = launch.grid(bound) if callable(launch.grid) else launch.grid
+    return math.prod(grid)
+
+
+def compile_all(launches):
+    """[Compiled] for the distinct launches, in the order first recorded."""
+    groups = {}
+    for launch in launches:
+        groups.setdefault(_key(launch), []).append(launch)
+    out = []
+    for same in groups.values():
+        first = same[0]
+        out.append(Compiled(first.fn.__name__, first.backend, sorted({l.workload for l in same}), programs(first),
+                            first.streams, {cc: resources(first, cc) for cc in TARGETS}))
+    return out
+
+
+def failures(compiled):
+    """One line per violated check."""
+    out = []
+    for k in compiled:
+        for cc, r in k.resources.items():
+            if r["spill"]:
+                out.append(f"{k.backend} {k.name} spills {r['spill']} bytes on sm_{cc}")
+            if r["shared"] > SHARED_LIMIT[cc]:
+                out.append(f"{k.backend} {k.name} needs {r['shared']} bytes of shared memory, over sm_{cc}'s "
+                           f"{SHARED_LIMIT[cc]}")
+        if k.streams and k.programs < MIN_PROGRAMS:
+            out.append(f"{k.backend} {k.name} launches {k.programs} programs at D=12, under two waves of an H100 "
+                       f"({MIN_PROGRAMS})")
+    return out

@@ -1,0 +1,79 @@
+"""Compile every Triton kernel of `--hc-kernels fused` and `--hc-kernels liger` ahead of time for
+sm_80 and sm_90 at D=12 shapes, without a GPU, and check their resources (nanochat/kernel_aot.py):
+no register spills, shared memory within each target's limit, at least two waves of an
+H100's SMs for every kernel that moves the streams.
+
+python -m scripts.kernel_check                 # the table; exit 1 when a check fails
+python -m scripts.kernel_check --markdown FILE # also the table as Markdown (docs/kernels.md)
+
+Needs Triton (pip install -e '.[kernels]'), a few GB of memory (the D=12 tensors the
+launches are recorded with) and a few minutes; not TRITON_INTERPRET, which replaces the
+kernels with Python.
+"""
+
+import argparse
+import os
+import time
+
+from nanochat.cli import run
+from nanochat.common import text_table
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m scripts.kernel_check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--markdown", default="", help="also write the table as Markdown to this path")
+    return p
+
+
+def rows(compiled, targets):
+    out = []
+    for k in compiled:
+        cells = [f"{k.backend} {k.name}", ", ".join(k.workloads) if len(k.workloads) <= 3
+                 else f"{len(k.workloads)} workloads", f"{k.programs:,}"]
+        for cc in targets:
+            r = k.resources[cc]
+            cells += [str(r["regs"]), str(r["spill"]), f"{r['shared'] / 1024:.1f}"]
+        out.append(cells)
+    return out
+
+
+def header(targets):
+    return ["kernel", "launched by", "programs"] + [f"sm_{cc} {h}" for cc in targets
+                                                    for h in ("regs", "spill B", "smem KiB")]
+
+
+def markdown(head, body):
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("error: TRITON_INTERPRET=1 replaces the kernels with Python; unset it to compile them")
+    from nanochat import kernel_aot
+    t0 = time.perf_counter()
+    compiled = kernel_aot.compile_all(kernel_aot.record_all())
+    head, body = header(kernel_aot.TARGETS), rows(compiled, kernel_aot.TARGETS)
+    print(text_table(head, body))
+    n = kernel_aot.D12
+    print(f"\n{len(compiled)} kernels at D=12 (n={n['n']}, C={n['C']}, {n['B']} x {n['T']} tokens), compiled for "
+          f"{', '.join(f'sm_{cc}' for cc in kernel_aot.TARGETS)} in {time.perf_counter() - t0:.0f} s")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(head, body))
+        print(f"wrote {args.markdown}")
+    problems = kernel_aot.failures(compiled)
+    for line in problems:
+        print(f"FAIL: {line}")
+    if problems:
+        raise SystemExit(1)
+    print("no spills, shared memory within limits, every stream kernel at least "
+          f"{kernel_aot.MIN_PROGRAMS} programs")
+    return compiled
+
+
+if __name__ == "__main__":
+    run(main)
