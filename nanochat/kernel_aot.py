@@ -21,6 +21,7 @@ Run it without TRITON_INTERPRET (the interpreter replaces the kernels this compi
 `python -m scripts.kernel_check`.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import math
@@ -54,6 +55,7 @@ class Launch:
 @dataclasses.dataclass
 class Compiled:
     name: str
+    what: str  # for a seam kernel, which seam (fused.describe)
     backend: str
     workloads: list
     programs: int
@@ -205,17 +207,28 @@ def programs(launch):
     return math.prod(grid)
 
 
-def compile_all(launches):
-    """[Compiled] for the distinct launches, in the order first recorded."""
+def compile_all(launches, workers=None):
+    """[Compiled] for the distinct launches, in the order first recorded. Compiles run in
+    threads (`workers`, default: the CPUs): most of a compile is ptxas, a process of its own."""
     groups = {}
     for launch in launches:
         groups.setdefault(_key(launch), []).append(launch)
-    out = []
-    for same in groups.values():
-        first = same[0]
-        out.append(Compiled(first.fn.__name__, first.backend, sorted({l.workload for l in same}), programs(first),
-                            first.streams, {cc: resources(first, cc) for cc in TARGETS}))
-    return out
+    firsts = [same[0] for same in groups.values()]
+    jobs = [(i, cc) for i in range(len(firsts)) for cc in TARGETS]
+    with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count()) as pool:
+        found = dict(zip(jobs, pool.map(lambda job: resources(firsts[job[0]], job[1]), jobs)))
+    return [Compiled(first.fn.__name__, describe(first), first.backend, sorted({l.workload for l in same}),
+                     programs(first),
+                     first.streams, {cc: found[i, cc] for cc in TARGETS})
+            for i, (first, same) in enumerate(zip(firsts, groups.values()))]
+
+
+def describe(launch):
+    """A seam kernel's switches in words (fused.Seam.describe); '' for any other kernel."""
+    from nanochat.connections import fused
+    if launch.backend != "fused" or not launch.fn.__name__.startswith("seam_"):
+        return ""
+    return fused.describe(launch.kwargs)
 
 
 def failures(compiled):
@@ -224,7 +237,7 @@ def failures(compiled):
     for k in compiled:
         for cc, r in k.resources.items():
             if r["spill"]:
-                out.append(f"{k.backend} {k.name} spills {r['spill']} bytes on sm_{cc}")
+                out.append(f"{k.backend} {k.name} ({k.what or 'as launched'}) spills {r['spill']} bytes on sm_{cc}")
             if r["shared"] > SHARED_LIMIT[cc]:
                 out.append(f"{k.backend} {k.name} needs {r['shared']} bytes of shared memory, over sm_{cc}'s "
                            f"{SHARED_LIMIT[cc]}")

@@ -30,7 +30,7 @@ def build_parser():
 def rows(compiled, targets):
     out = []
     for k in compiled:
-        cells = [f"{k.backend} {k.name}", ", ".join(k.workloads) if len(k.workloads) <= 3
+        cells = [f"{k.backend} {k.name}", k.what, ", ".join(k.workloads) if len(k.workloads) <= 3
                  else f"{len(k.workloads)} workloads", f"{k.programs:,}"]
         for cc in targets:
             r = k.resources[cc]
@@ -40,7 +40,7 @@ def rows(compiled, targets):
 
 
 def header(targets):
-    return ["kernel", "launched by", "programs"] + [f"sm_{cc} {h}" for cc in targets
+    return ["kernel", "seam", "launched by", "programs"] + [f"sm_{cc} {h}" for cc in targets
                                                     for h in ("regs", "spill B", "smem KiB")]
 
 

@@ -68,6 +68,9 @@ BLOCK_T = 16  # tokens per program: the smallest tile a tensor-core product take
 # Warps per program of the seam kernels, and channels per chunk (block_c): the largest tiles
 # whose registers fit without spilling at every n (the AOT check, docs/kernels.md).
 NUM_WARPS = 8
+# Let ptxas give a seam kernel every register it can (255) rather than spill to stay at an
+# occupancy step (it capped some at 128 and spilled).
+MAX_REGISTERS = 255
 SOURCES = ("given", "post")
 READS = ("none", "given", "projected")
 COEFS = ("none", "projection", "gates", "head")
@@ -159,7 +162,17 @@ class Seam:
 
     def backward_constexprs(self):
         # the Sinkhorn backward keeps every round's potentials: a power-of-two register tile
-        return dict(self.constexprs(), SK_HIST=next_power_of_two(max(1, self.sk_iters)))
+        return dict(self.constexprs(), SK_HIST=next_power_of_two(max(1, self.sk_iters)),
+                    BLOCK_C=block_c(self.n, backward=True))
+
+
+def describe(constexprs):
+    """A seam kernel's switches in a few words, e.g. "post > gates sinkhorn > projected read"."""
+    c = constexprs
+    source = SOURCES[c["SOURCE"]] + ("" if c["SOURCE"] == 0 or c["RES_IN"] else " (H_res = I)")
+    coef = COEFS[c["COEF"]] + (f" {RES_KINDS[c['RES_KIND']]}" if c["COEF"] == 2 else "")
+    read = READS[c["READ"]] + " read" + (", carry" if c["EMIT_CARRY"] else "")
+    return " > ".join((source, coef, read))
 
 
 @functools.cache
@@ -171,9 +184,15 @@ def decode(text):
     return Seam(**values)
 
 
-def block_c(n):
-    """Channels per chunk (NUM_WARPS says why)."""
-    return max(16, 128 // kernel_np(n))
+def block_c(n, backward=False):
+    """Channels per chunk (NUM_WARPS says why): the backward holds more per channel."""
+    return max(16, (64 if backward else 128) // kernel_np(n))
+
+
+def needs_int64(*tensors):
+    """Whether an element offset into these tensors can pass int32's range (the kernels then
+    index in int64; the fp32 per-token tensors are at most as large as the streams)."""
+    return max(t.numel() for t in tensors) >= 2**31
 
 
 def dot_precision(t):
@@ -215,7 +234,8 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     kernels().seam_forward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(x_next, x), _or(u, x), _or(hp_out, x), _or(hr_out, x), _or(carry, x),
-        _or(xw, x), _or(rstd, x), N, C, seam.eps, DOT_PRECISION=dot_precision(x), num_warps=NUM_WARPS,
+        _or(xw, x), _or(rstd, x), N, C, seam.eps, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x),
+        num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
         **seam.forward_constexprs())
     return out
 
@@ -249,7 +269,7 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
         _or(ghread, x), _or(gz, x), _or(gxw, x), N, C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None,
         HAS_GHPO=g_hpost is not None, HAS_GHRO=g_hres is not None, HAS_GCARRY=g_carry is not None,
         HAS_GEXT=g_xw is not None, NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x),
-        num_warps=NUM_WARPS, **seam.backward_constexprs())
+        INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS, **seam.backward_constexprs())
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
     if seam.on_chip:
@@ -345,7 +365,8 @@ def weight_grad(x, g):
     grid, per_split, block_d = weight_grad_grid(N, D)
     partial = g.new_empty(grid[1], D, K)
     kernels().weight_grad[grid](x, g, partial, N, D, per_split, K=K, KP=next_power_of_two(K),
-                                DOT_PRECISION=dot_precision(x), BLOCK_D=block_d, BLOCK_TT=WEIGHT_GRAD_BLOCK_TT)
+                                DOT_PRECISION=dot_precision(x), INT64=needs_int64(x, partial),
+                                BLOCK_D=block_d, BLOCK_TT=WEIGHT_GRAD_BLOCK_TT)
     return partial.sum(0)
 
 

@@ -34,6 +34,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _rows(t, INT64: tl.constexpr):
+    """Token indices as offsets: int32 unless a tensor's elements overflow it (INT64): 64-bit
+    offsets cost two registers per element of every tile address."""
+    if INT64:
+        t = t.to(tl.int64)
+    return t
+
+
+@triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
@@ -317,10 +326,10 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
                  WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
-    row = t.to(tl.int64)
+    row = _rows(t, INT64)
     cols = tl.arange(0, BLOCK_C)
     K: tl.constexpr = KA + KB
     kA = tl.arange(0, KA)
@@ -341,7 +350,7 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                          xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
         if COEF > 0:
             for s in tl.static_range(NS):
-                wrow = (s * C + cc).to(tl.int64)[:, None] * K
+                wrow = (s * C + cc)[:, None] * K
                 accA += tl.dot(xn[s], tl.load(w_ptr + wrow + kA[None, :], mask=cmask[:, None], other=0.0),
                                input_precision=DOT_PRECISION)
                 if KB > 0:
@@ -386,15 +395,16 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
                   READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, HAS_GEXT: tl.constexpr,
-                  NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_C: tl.constexpr):
+                  NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, INT64: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
-    row = t.to(tl.int64)
+    row = _rows(t, INT64)
     cols = tl.arange(0, BLOCK_C)
     K: tl.constexpr = KA + KB
     kA = tl.arange(0, KA)
     kB = tl.arange(0, KBX)
+    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
     read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
 
     # The projection's gradient: dL/dz of the gates on chip (COEF > 1), which for projected
@@ -417,7 +427,6 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                 for c0 in range(0, C, BLOCK_C):
                     cc = c0 + cols
                     mask = tmask[:, None] & (cc < C)[None, :]
-                    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
                     _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
                     gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
                     new = ()
@@ -459,7 +468,6 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
         cc = c0 + cols
         cmask = cc < C
         mask = tmask[:, None] & cmask[None, :]
-        hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
         xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
         gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
         if READ > 0 and HAS_GU:
@@ -473,7 +481,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
             if READ > 0 and HAS_GU:
                 g += read[s][:, None] * gu
             if COEF > 0:
-                wrow = (s * C + cc).to(tl.int64)[None, :] * K
+                wrow = (s * C + cc)[None, :] * K
                 g += tl.dot(gxwA, tl.load(w_ptr + wrow + kA[:, None], mask=cmask[None, :], other=0.0),
                             input_precision=DOT_PRECISION)
                 if KB > 0:
@@ -525,7 +533,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
 
 @triton.jit
 def weight_grad(x_ptr, g_ptr, out_ptr, N, D, TOKENS_PER_SPLIT, K: tl.constexpr, KP: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_TT: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_TT: tl.constexpr):
     """out[split, d, k] = sum over the split's tokens t of x[t, d] g[t, k]."""
     d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     split = tl.program_id(1)
@@ -538,9 +546,9 @@ def weight_grad(x_ptr, g_ptr, out_ptr, N, D, TOKENS_PER_SPLIT, K: tl.constexpr, 
     for t0 in range(start, end, BLOCK_TT):
         t = t0 + tl.arange(0, BLOCK_TT)
         tm = t < end
-        rows = t.to(tl.int64)
+        rows = _rows(t, INT64)
         xt = tl.load(x_ptr + rows[None, :] * D + d[:, None], mask=dmask[:, None] & tm[None, :], other=0.0)
         gt = tl.load(g_ptr + rows[:, None] * K + k[None, :], mask=tm[:, None] & kmask[None, :], other=0.0)
         acc += tl.dot(xt.to(tl.float32), gt, input_precision=DOT_PRECISION)
-    out = out_ptr + (split.to(tl.int64) * D + d[:, None]) * K + k[None, :]
+    out = out_ptr + (_rows(split, INT64) * D + d[:, None]) * K + k[None, :]
     tl.store(out, acc, mask=dmask[:, None] & kmask[None, :])
