@@ -154,8 +154,10 @@ _mix_post.register_autograd(_mix_post_grad, setup_context=_save_inputs)
 # ----- projection: x' W = (x @ W) * rsqrt(mean(x^2) + eps), with 1 / rms kept for backward -----
 
 # Liger's default reduction block (256 of the n*C values per step) spills registers on sm_90 at
-# D=12 (368 bytes forward, 112 backward: scripts.kernel_check, docs/kernels.md); 128 does not.
+# D=12 (368 bytes forward, 112 backward: scripts.kernel_check, docs/kernels.md); 128 does not,
+# with 8 warps for the backward (4 spilled on sm_80 for go-mHC's 36 columns).
 MM_NORM_BLOCK_K = 128
+MM_NORM_BACKWARD_WARPS = 8
 
 
 @custom_op("nanochat::liger_rms_project", mutates_args=())
@@ -171,7 +173,8 @@ def _(x, w, eps):
 @custom_op("nanochat::liger_rms_project_backward", mutates_args=())
 def _rms_project_backward(x: Tensor, w: Tensor, xw_normed: Tensor, inv_rms: Tensor,
                           g: Tensor) -> tuple[Tensor, Tensor]:
-    g_x, g_w = kernels().mhc_mm_norm_bwd(x, w, xw_normed, inv_rms, g, block_k=MM_NORM_BLOCK_K)
+    g_x, g_w = kernels().mhc_mm_norm_bwd(x, w, xw_normed, inv_rms, g, block_k=MM_NORM_BLOCK_K,
+                                          num_warps=MM_NORM_BACKWARD_WARPS)
     return g_x, g_w.to(w.dtype)
 
 
