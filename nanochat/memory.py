@@ -314,6 +314,27 @@ def _bases(gm):
     return base
 
 
+def written_nodes(gm, inductor=True, fusible=None):
+    """The nodes of an FX graph whose values are written to memory: with `inductor`, a
+    fusible op's result (`fusible`, default `_fusible`) only when the output or an op that is
+    neither fusible nor a reduction nor an indirect load (a matmul, attention, a custom op)
+    reads it, every other op's always (Inductor computes the rest inside its consumers'
+    kernels); else every op's. Views are not buffers of their own (see _bases); placeholders
+    are not included."""
+    fusible = fusible or _fusible
+    base = _bases(gm)
+    found = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or base[node] is not node:
+            continue
+        if not inductor or not fusible(node):
+            found.add(node)
+            if not inductor or not (_reduction(node) or _indirect_load(node)):
+                found.update(base[arg] for arg in node.all_input_nodes)
+    found.update(base[arg] for arg in gm.graph.output_node().all_input_nodes)
+    return found
+
+
 def graph_peak(gm, held, inductor=True):
     """Peak bytes of the buffers an FX graph of aten ops allocates as it runs, its inputs
     holding `held` bytes (the placeholders' sizes, 0 for those counted elsewhere, e.g.
@@ -327,17 +348,8 @@ def graph_peak(gm, held, inductor=True):
     intermediate: 32 GiB of them for the head's backward at D=12, batch 32), hence this walk."""
     nodes = list(gm.graph.nodes)
     base = _bases(gm)
-    materialized = set()
+    materialized = written_nodes(gm, inductor)
     output = nodes[-1]
-    for node in nodes:
-        if node.op != "call_function" or base[node] is not node:
-            continue
-        if not inductor or not _fusible(node):
-            materialized.add(node)
-            if not inductor or not (_reduction(node) or _indirect_load(node)):
-                materialized.update(base[arg] for arg in node.all_input_nodes)
-    for arg in output.all_input_nodes:
-        materialized.add(base[arg])
     size = {}
     for i, node in enumerate(n for n in nodes if n.op == "placeholder"):
         size[node] = held[i]
@@ -362,7 +374,7 @@ def graph_peak(gm, held, inductor=True):
 
 
 def aot_step(model):
-    """(step, graphs): step(idx, targets) -> loss runs the model's forward as torch.compile
+    """(step, graphs): step(*inputs) (a GPT's: idx, targets) runs the module's forward as torch.compile
     partitions it (AOTAutograd, Inductor's decompositions, the min-cut partitioner: the parts of
     backend "aot_eager_decomp_partition"), without dynamo, so that it runs on fake tensors and
     under a dispatch mode (dynamo runs a compiled module eagerly under one); graphs["fw"] and
@@ -373,8 +385,8 @@ def aot_step(model):
     buffers = dict(model.named_buffers())
     graphs = {}
 
-    def functional(p, b, idx, targets):
-        return torch.func.functional_call(model, {**dict(zip(params, p)), **dict(zip(buffers, b))}, (idx, targets))
+    def functional(p, b, *inputs):
+        return torch.func.functional_call(model, {**dict(zip(params, p)), **dict(zip(buffers, b))}, inputs)
 
     def keep(kind):
         def compiler(gm, _inputs):
@@ -385,13 +397,13 @@ def aot_step(model):
     compiled = aot_function(functional, fw_compiler=keep("fw"), bw_compiler=keep("bw"),
                             partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
 
-    def step(idx, targets):
+    def step(*inputs):
         # The model's code takes its compiled branches (torch.compiler.is_compiling(): the stream
         # ops' plain forms) while AOTAutograd traces it, as under torch.compile, which sets the
         # same flag, the one is_compiling() reads.
         compiling, torch.compiler._is_compiling_flag = torch.compiler._is_compiling_flag, True
         try:
-            return compiled(list(params.values()), list(buffers.values()), idx, targets)
+            return compiled(list(params.values()), list(buffers.values()), *inputs)
         finally:
             torch.compiler._is_compiling_flag = compiling
     return step, graphs

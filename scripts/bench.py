@@ -42,6 +42,14 @@ Memory, measured in one extra step after the timing:
   peak    CUDA only: torch.cuda.max_memory_allocated over one step minus what was
           allocated before it (activations, gradients, workspaces).
 
+Traffic (--traffic; scripts/bench_traffic.py, nanochat/traffic.py): instead of timing, the
+bytes the connection moves per token and sub-layer at D=12 for the residual baseline and every
+HC variant of --variants on every backend of --hc-kernels (default torch, liger and fused),
+forward and backward, counted from the compiled partition and the kernels' own loads and
+stores (Triton's interpreter, on the CPU, minutes), beside the floor and with the step each
+predicts against the residual step of docs/gpu_check.json:
+  python -m scripts.bench --traffic --variants kromhc mhc --out traffic.json
+
 Profile (--profile K): after the timing, one more step of each case under torch.profiler and
 its K kernels with the most self time (ops on the CPU), printed and in the JSON
 ("top_kernels"): which kernel a ratio comes from (scripts/bench_profile.py).
@@ -86,7 +94,7 @@ from nanochat.common import device_name, single_gpu_device, synchronize, text_ta
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
 from nanochat.gpt import GPTConfig, build_model
-from scripts import bench_infer, bench_profile
+from scripts import bench_infer, bench_profile, bench_traffic
 
 VARIANTS = tuple(connections.VARIANTS)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -143,6 +151,9 @@ def build_parser():
                    help="torch.set_num_threads (default 1: steadier CPU timings on a shared machine)")
     p.add_argument("--warmup", type=nonneg_int(), default=3, help="untimed steps per variant (default 3)")
     p.add_argument("--reps", type=positive_int(), default=10, help="timed steps per variant (default 10)")
+    p.add_argument("--traffic", action="store_true",
+                   help="count the bytes per token and sub-layer at D=12 of each variant and backend instead of "
+                        "timing (Triton's interpreter; minutes)")
     p.add_argument("--profile", type=nonneg_int(), default=0, metavar="K",
                    help="after the timing, profile one more step of each case and list its K kernels (ops on "
                         "the CPU) with the most self time (default 0: no profile)")
@@ -441,8 +452,9 @@ def resolve_device(args):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is visible; use --device cpu")
-    if name != "cuda" and "liger" in args.hc_kernels and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("error: --hc-kernels liger runs Triton kernels, which need --device cuda "
+    triton_backends = [k for k in args.hc_kernels if k in ("liger", "fused")]
+    if name != "cuda" and triton_backends and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit(f"error: --hc-kernels {triton_backends[0]} runs Triton kernels, which need --device cuda "
                          "(TRITON_INTERPRET=1 runs them on CPU, for checking only)")
     device = single_gpu_device() if name == "cuda" else torch.device(name)
     dtype = DTYPES[args.dtype] if args.dtype != "auto" else (torch.bfloat16 if name == "cuda" else torch.float32)
@@ -451,6 +463,14 @@ def resolve_device(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.traffic:
+        result = bench_traffic.run_traffic(args)
+        bench_traffic.print_traffic(result)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "env": {"torch": torch.__version__}, **result}, f, indent=1)
+            print(f"wrote {args.out}")
+        return result["rows"]
     torch.set_num_threads(args.threads)
     device, dtype = resolve_device(args)
     autocast = torch.amp.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()

@@ -291,7 +291,7 @@ def test_weight_gradient_reduces_over_token_chunks():
     x = torch.randn(N, 2, D // 2, generator=g)
     grad = torch.randn(N, K, generator=g)
     grid, per_split, _ = fused.weight_grad_grid(N, D)
-    assert grid[1] > 1 and N % per_split
+    assert grid[1] > 1 and N % per_split and grid == fused.weight_grad_grid(37, D)[0]
     torch.testing.assert_close(fused.weight_grad(x, grad), x.flatten(1).double().T.matmul(grad.double()).float(),
                                rtol=1e-5, atol=1e-5)
 

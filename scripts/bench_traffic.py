@@ -1,0 +1,74 @@
+"""scripts.bench --traffic: the bytes each stream-op backend moves per token and sub-layer at
+D=12, forward and backward, for every HC variant beside the residual baseline, the floor, and
+the step each predicts against the residual baseline's measured one (nanochat/traffic.py)."""
+
+import os
+import sys
+
+from nanochat import connections
+from nanochat.common import text_table
+
+BACKENDS = ("torch", "liger", "fused")
+# The predicted step against the residual baseline's, per variant (the KromHC paper's row and
+# mHC's; every other HC variant 1.25x).
+TARGETS = {"kromhc": 1.15, "mhc": 1.20}
+OTHER_TARGET = 1.25
+
+
+def interpreter_on():
+    """Triton's interpreter runs the kernels being counted: it must be chosen before Triton
+    is first imported."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise SystemExit("error: --traffic runs Triton's interpreter, which must be on before Triton is imported: "
+                             "run with TRITON_INTERPRET=1")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def cases(args):
+    """(variant, backend) pairs: the residual baseline, then each HC-family variant of
+    --variants on each backend of --hc-kernels (default all three)."""
+    backends = [k for k in args.hc_kernels if k in BACKENDS] if args.hc_kernels != ["torch"] else list(BACKENDS)
+    out = [("residual", "torch")]
+    for variant in args.variants:
+        if connections.hc_family(variant):
+            out += [(variant, k) for k in backends]
+    return out
+
+
+def run_traffic(args):
+    interpreter_on()
+    from nanochat import traffic
+    step_ms, device = traffic.residual_step()
+    bandwidth = traffic.bandwidth(device)
+    unit = traffic.D12["C"] * traffic.ELEMENT
+    rows = []
+    for variant, backend in cases(args):
+        found = traffic.connection_bytes(dict(hc=variant, hc_pre=args.hc_pre[0]) if variant != "residual"
+                                         else dict(hc=variant), backend)
+        rows.append(dict(variant=variant, kernels=backend, fw_bytes=found["fw"], bw_bytes=found["bw"],
+                         issued_bytes=found["issued"], total_c=(found["fw"] + found["bw"]) / unit))
+        print(f"counted {variant} [{backend}]: {rows[-1]['total_c']:.1f} C", flush=True)
+    residual = rows[0]["fw_bytes"] + rows[0]["bw_bytes"]
+    for row in rows:
+        row["extra_c"] = (row["fw_bytes"] + row["bw_bytes"] - residual) / unit
+        row["predicted_vs_residual"] = traffic.predicted_ratio(row["extra_c"] * unit, step_ms, bandwidth)
+        row["target"] = None if row["variant"] == "residual" else TARGETS.get(row["variant"], OTHER_TARGET)
+    return dict(rows=rows, residual_step_ms=step_ms, device=device, bandwidth=bandwidth, unit_bytes=unit,
+                pre=args.hc_pre[0])
+
+
+def print_traffic(result):
+    unit = result["unit_bytes"]
+    header = ["variant", "kernels", "fwd C", "bwd C", "total C", "extra C", "predicted x residual", "target",
+              "loads issued C"]
+    lines = [[r["variant"], r["kernels"], f"{r['fw_bytes'] / unit:.1f}", f"{r['bw_bytes'] / unit:.1f}",
+              f"{r['total_c']:.1f}", f"{r['extra_c']:+.1f}", f"{r['predicted_vs_residual']:.3f}",
+              "-" if r["target"] is None else f"<= {r['target']:.2f}",
+              f"{r['issued_bytes'] / unit:.1f}" if r["issued_bytes"] else "-"] for r in result["rows"]]
+    print(f"\nbytes per token and sub-layer at D=12 (n=4, C=768, bf16 streams, {result['pre']} pre-weights), in units "
+          f"of C = {unit} B; prediction: the residual step of docs/gpu_check.json ({result['residual_step_ms']:.1f} ms, "
+          f"{result['device']}) plus the extra bytes at 80 % of {result['bandwidth'] / 1e12:.2f} TB/s")
+    print(text_table(header, lines))
+    print("floor (docs/kernels.md): residual about 8 C, an ideal fused HC layer about 29 C; 'loads issued' counts "
+          "a tile read twice by a kernel twice (the distinct bytes assume the second read hits the cache)")
