@@ -30,7 +30,7 @@ pytest.importorskip("transformers", reason="needs the eval extra: pip install -e
 from nanochat import cli  # noqa: E402
 from nanochat.connections import VARIANTS  # noqa: E402
 from nanochat.hf.assemble import AssemblyError, assemble, check_imports  # noqa: E402
-from nanochat.hf.export import ENTRY_MODULES, export  # noqa: E402
+from nanochat.hf.export import ENTRY_MODULES, discovered_modules, export  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 from scripts.export import main as export_main  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_exported_code_is_the_projects_own(exported, tmp_path):
     """Each exported file is a module of the project with its `nanochat` imports made
     relative and nothing else changed; the variants' modules are all there."""
     export_dir, _ = exported["kromhc"]
-    files = assemble(ENTRY_MODULES, tmp_path, names=ENTRY_MODULES)
+    files = assemble(ENTRY_MODULES, tmp_path, names=ENTRY_MODULES, discovered=discovered_modules())
     assert sorted(files) == sorted(p.name for p in export_dir.glob("*.py"))
     for name, module in files.items():
         text = (export_dir / name).read_text()

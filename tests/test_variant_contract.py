@@ -9,6 +9,7 @@ Tiny models throughout; one run directory per variant, shared by the checks."""
 
 import dataclasses
 import json
+import sys
 import types
 
 import pytest
@@ -215,6 +216,44 @@ def test_a_module_without_spec_is_named(monkeypatch):
     monkeypatch.setitem(connections.VARIANTS, "bare", module)
     with pytest.raises(SpecError, match="variant 'bare' .*defines no SPEC dict; declare label, description"):
         connections.specs()
+
+
+# The registry's order before the wirings registered themselves: tables list them so.
+EARLIER = ["residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc", "frac", "attnres", "prenorm",
+           "denseformer", "muddformer", "laurel", "mhar", "dar", "cmhc", "gated"]
+WIRING_SOURCE = """
+SPEC = dict(label="{label}", description="a test wiring", source="tests", state="single", has_h_res=False,
+            in_paper=False, equals_prenorm_at_init=True, params=lambda cfg: 0{order})
+
+
+def resolve(cfg):
+    cfg.hc_streams = 1
+
+
+def make_layers(cfg):
+    return []
+"""
+
+
+def test_the_registry_keeps_its_order():
+    assert [name for name in connections.VARIANTS if name in EARLIER] == EARLIER
+
+
+def test_a_module_in_the_package_registers_itself(tmp_path, monkeypatch):
+    """A file in nanochat/connections/ that declares SPEC is a wiring under its file name,
+    listed by its SPEC order (unnumbered: last); nothing else is edited."""
+    (tmp_path / "aa_numbered.py").write_text(WIRING_SOURCE.format(label="Numbered", order=", order=95"))
+    (tmp_path / "aa_unnumbered.py").write_text(WIRING_SOURCE.format(label="Unnumbered", order=""))
+    (tmp_path / "aa_helper.py").write_text("HELPER = 1\n")  # no SPEC: not a wiring
+    monkeypatch.setattr(connections, "__path__", [*connections.__path__, str(tmp_path)])
+    for name in ("aa_numbered", "aa_unnumbered", "aa_helper"):
+        monkeypatch.delitem(sys.modules, f"nanochat.connections.{name}", raising=False)
+    found = list(connections.discover())
+    assert [name for name in found if not name.startswith("aa_")] == NAMES
+    assert found[found.index("aa_numbered") + 1] == "denseformer"  # order 95: before DenseFormer's 100
+    assert found[-1] == "aa_unnumbered"
+    for name in ("aa_numbered", "aa_unnumbered", "aa_helper"):
+        sys.modules.pop(f"nanochat.connections.{name}", None)
 
 
 def test_config_fields_come_from_the_modules():

@@ -10,9 +10,10 @@ the delayed pre-weights of hc_pre = delayed, attnres's block states, a block-lev
 block outputs); it reaches `reduce` too. Called on its own, a layer runs one step with
 nothing carried in: `layer(X, branch, x0) -> X_next`.
 
-Adding a variant means adding a module and one line in `VARIANTS` (docs/connections.md,
-"Adding a wiring"). A variant module declares `SPEC` (spec.py: display name, source, state,
-parameter count, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
+Adding a variant means adding a module to this package: every module here that declares
+`SPEC` registers itself under its file name (docs/connections.md, "Adding a wiring"). A
+variant module declares `SPEC` (spec.py: display name, source, state, parameter count,
+where tables list it, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
 place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally `param_groups(layers,
 lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not the n streams of
 the HC family), `OWN_STATE` (a few words naming that state: the HC options then do not
@@ -26,43 +27,42 @@ in one group named "hc", unless the variant's module defines `param_groups(layer
 (the residual baseline does: nanochat's two scalar LRs).
 """
 
+import importlib
 import math
+import pkgutil
+import types
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, gated, go_mhc, hc, hc_identity, kromhc, laurel,
-                                  mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
+from nanochat.connections import hc, ops, trunk
 from nanochat.connections.diagnostics import record_state
-from nanochat.connections.spec import SpecError, spec_of
+from nanochat.connections.spec import SpecError, listed_order, spec_of
+
+
+def discover():
+    """{name: module} of the wirings: the modules of this package that declare a SPEC dict,
+    each under its file name, in the order tables list them (SPEC `order`, then the name).
+    Found by listing the package, so that a new wiring is a new file and nothing else. An
+    exported model's flat copy of this file has no package to list: its assembler
+    (nanochat/hf/assemble.py) imports the wiring modules above this point as plain imports,
+    and they are taken from this module's names."""
+    if "__path__" in globals():
+        modules = {info.name: importlib.import_module(f"{__name__}.{info.name}")
+                   for info in pkgutil.iter_modules(__path__)}
+    else:
+        modules = {name: value for name, value in globals().items() if isinstance(value, types.ModuleType)}
+    wirings = {name: module for name, module in modules.items() if isinstance(getattr(module, "SPEC", None), dict)}
+    return dict(sorted(wirings.items(), key=lambda item: listed_order(*item)))
+
 
 # name -> module declaring SPEC and exposing `resolve(cfg)`, `make_layers(cfg)` and the
 # optional hooks above; the order is the one tables and reports list the variants in.
-VARIANTS = {
-    "residual": residual,
-    "hc": hc,
-    "hc_identity": hc_identity,
-    "mhc": mhc,
-    "mhc_lite": mhc_lite,
-    "kromhc": kromhc,
-    "go_mhc": go_mhc,
-    "frac": frac,
-    "attnres": attnres,
-    "prenorm": prenorm,
-    "denseformer": denseformer,
-    "muddformer": muddformer,
-    "laurel": laurel,
-    "mhar": mhar,
-    "dar": dar,
-    "cmhc": cmhc,
-    "gated": gated,
-}
+VARIANTS = discover()
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
 HC_OPTIONS = {"hc_expand": trunk.EXPANDS, "hc_reduce": trunk.REDUCES, "hc_pre": hc.PRES}
-
-
 
 
 def spec(name):

@@ -68,6 +68,7 @@ SPEC = dict(
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
+    order=150,
 )
 
 

@@ -95,6 +95,7 @@ SPEC = dict(
                                           + gate_params(cfg.dar_gate, cfg.n_embd)),
     baseline="prenorm",
     settings=lambda cfg: f"{cfg.dar_source} sources, {cfg.dar_gate} gate",
+    order=140,
 )
 
 

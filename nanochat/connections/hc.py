@@ -71,6 +71,7 @@ SPEC = dict(
     source="arXiv 2409.19606 (in the KromHC paper's appendix form)",
     in_paper=False,
     beside_paper=True,
+    order=10,
 )
 
 

@@ -19,6 +19,7 @@ SPEC = dict(
     description="n streams, H_res made approximately doubly stochastic by Sinkhorn-Knopp",
     source="arXiv 2512.24880",
     in_paper=True,
+    order=30,
 )
 
 

@@ -31,6 +31,9 @@ and may add, with these defaults:
                             paper" section (its nearest relative: go-mHC's is mHC)
     settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
                             factors), for the training log, hc_report and the model card
+    order=None              where tables, reports and the registry list it: by this number,
+                            then by name; None: after every numbered one (the wirings so far
+                            are numbered in tens, so a new one can sit between two)
 
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
@@ -38,6 +41,7 @@ per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse
 default: from the default's type).
 """
 
+import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Callable
 
@@ -61,6 +65,7 @@ class Spec:
     stream_symbol: str = "n"
     baseline: str = "residual"
     settings: Callable | None = None
+    order: float | None = None
 
     @property
     def streams(self):
@@ -73,6 +78,12 @@ class Spec:
 
 REQUIRED = tuple(f.name for f in fields(Spec) if f.default is MISSING and f.name != "name")
 OPTIONAL = tuple(f.name for f in fields(Spec) if f.name not in REQUIRED and f.name != "name")
+
+
+def listed_order(name, module):
+    """The sort key of a wiring in the registry: its SPEC `order` (unnumbered last), then its name."""
+    order = getattr(module, "SPEC", {}).get("order")
+    return (math.inf if order is None else order, name)
 
 
 class SpecError(ValueError):
@@ -95,6 +106,8 @@ def spec_of(name, module):
                         f"{', '.join(REQUIRED + OPTIONAL)}")
     if raw["state"] not in STATES:
         raise SpecError(f"{where}: SPEC state={raw['state']!r}; choose one of {', '.join(STATES)}")
+    if raw.get("order") is not None and (isinstance(raw["order"], bool) or not isinstance(raw["order"], (int, float))):
+        raise SpecError(f"{where}: SPEC order={raw['order']!r} must be a number (where tables list it)")
     if not callable(raw["params"]):
         raise SpecError(f"{where}: SPEC params must be a function of the config (cfg -> int)")
     for hook in ("resolve", "make_layers"):
