@@ -218,6 +218,36 @@ def test_a_module_without_spec_is_named(monkeypatch):
         connections.specs()
 
 
+class RecordingLayer(PlainLayer):
+    """PlainLayer that keeps what its branch received and returned."""
+
+    def step(self, X, branch, x0, carry):
+        self.seen = (X.squeeze(-2), branch(X.squeeze(-2)))
+        return X + self.scale * self.seen[1].unsqueeze(-2), carry
+
+
+@pytest.mark.parametrize("prenorm", [True, False])
+def test_a_wiring_may_take_the_raw_sub_layers_and_set_their_start(monkeypatch, prenorm):
+    """SPEC sublayer_prenorm=False hands the wiring u -> F(u) instead of u -> F(norm(u)), and
+    its init_sublayers(cfg, sublayers) runs after the model's init, over the attention and MLP
+    modules in branch order."""
+    module = dummy_module()
+    module.SPEC["sublayer_prenorm"] = prenorm
+    module.make_layers = lambda cfg: [RecordingLayer() for _ in range(2 * cfg.n_layer)]
+    module.init_sublayers = lambda cfg, sublayers: [s.c_proj.weight.data.fill_(0.01 * i)
+                                                    for i, s in enumerate(sublayers, start=1)]
+    monkeypatch.setitem(connections.VARIANTS, "raw", module)
+    model = build_model(GPTConfig(**SIZES, hc="raw"), "cpu")
+    subs = [s for block in model.transformer.h for s in (block.attn, block.mlp)]
+    assert [s.c_proj.weight.unique().tolist() for s in subs] == [[pytest.approx(0.01 * i)] for i in range(1, 5)]
+    with torch.no_grad():
+        model(torch.randint(0, SIZES["vocab_size"], (2, 8)))
+        u, out = model.connections.layers[1].seen  # the first MLP's branch
+        mlp = model.transformer.h[0].mlp
+        torch.testing.assert_close(out, mlp(torch.nn.functional.rms_norm(u, (u.size(-1),))) if prenorm else mlp(u))
+        assert not torch.allclose(mlp(u), mlp(torch.nn.functional.rms_norm(u, (u.size(-1),))))
+
+
 # The registry's order before the wirings registered themselves: tables list them so.
 EARLIER = ["residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc", "frac", "attnres", "prenorm",
            "denseformer", "muddformer", "laurel", "mhar", "dar", "cmhc", "gated"]

@@ -2,7 +2,8 @@
 
 The model hands the trunk over whole: `connections(x0, branches)` takes the normed
 embedding x0 (B, T, C) and the 2 * n_layer branches (attention and MLP sub-layers in order,
-each u -> F(u) with its own pre-norm) and returns the folded (B, T, C) state. In between:
+each u -> F(u) with its own pre-norm, or raw for a wiring whose SPEC says
+sublayer_prenorm=False) and returns the folded (B, T, C) state. In between:
 `expand` makes the stream state (trunk.py), each layer runs
 `layer.step(X, branch, x0, carry) -> (X_next, carry)`, and `reduce` folds the result. The
 carry is whatever a variant passes from one layer to the next (None unless it needs one:
@@ -16,8 +17,9 @@ variant module declares `SPEC` (spec.py: display name, source, state, parameter 
 where tables list it, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
 place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally `param_groups(layers,
 lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not the n streams of
-the HC family), `OWN_STATE` (a few words naming that state: the HC options then do not
-apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
+the HC family), `init_sublayers(cfg, sublayers)` (start values of its own for the
+sub-layers, set after the model's init), `OWN_STATE` (a few words naming that state: the HC
+options then do not apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
 become GPTConfig fields and base_train flags, and which every other variant refuses to see
 changed). Everything else (bench, plan, hc_report, the report, the model card, the tests'
 lists) reads the registry through `specs()`.
@@ -27,6 +29,7 @@ in one group named "hc", unless the variant's module defines `param_groups(layer
 (the residual baseline does: nanochat's two scalar LRs).
 """
 
+import copy
 import importlib
 import math
 import pkgutil
@@ -110,15 +113,20 @@ def variant_fields():
 
 
 class StreamConnections(nn.Module):
-    """The stream state around the transformer's 2 * n_layer sub-layers, from expand to reduce."""
+    """The stream state around the transformer's 2 * n_layer sub-layers, from expand to reduce.
+    `sublayer_prenorm`: whether the model's branches norm their input (SPEC; the model reads
+    it when it builds them); `sublayer_init(sublayers)`: the wiring's start values for the
+    sub-layers, if it declares any (its module's `init_sublayers`)."""
 
-    def __init__(self, n, layers, expand, reduce, groups=None):
+    def __init__(self, n, layers, expand, reduce, groups=None, sublayer_prenorm=True, sublayer_init=None):
         super().__init__()
         self.n = n
         self.layers = nn.ModuleList(layers)
         self.expand = expand
         self.reduce = reduce
         self._groups = groups
+        self.sublayer_prenorm = sublayer_prenorm
+        self._sublayer_init = sublayer_init
         self.final_capture = None  # a dict while capture() is active: the state before reduce
 
     def forward(self, x0, branches):
@@ -152,6 +160,15 @@ class StreamConnections(nn.Module):
         for layer in self.layers:
             layer.init_weights()
         self.reduce.init_weights()
+
+    @torch.no_grad()
+    def init_sublayers(self, sublayers):
+        """The model calls this after initializing its sub-layers (attention and MLP modules, in
+        branch order): a wiring whose start needs other values than the model's (e.g. ReZero,
+        whose zero scales would otherwise meet zero output projections, and neither would get
+        a gradient) sets them here."""
+        if self._sublayer_init is not None:
+            self._sublayer_init(sublayers)
 
     @contextmanager
     def capture(self):
@@ -219,5 +236,35 @@ def build(cfg):
     variant = VARIANTS[cfg.hc]
     expand = getattr(variant, "make_expand", trunk.make_expand)(cfg)
     reduce = getattr(variant, "make_reduce", trunk.make_reduce)(cfg)
+    init = getattr(variant, "init_sublayers", None)
     return StreamConnections(cfg.hc_streams, variant.make_layers(cfg), expand, reduce,
-                             getattr(variant, "param_groups", None))
+                             getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
+                             None if init is None else lambda sublayers: init(cfg, sublayers))
+
+
+def seed_free_init(cfg):
+    """{name: tensor} of the connection parameters whose start does not depend on the seed
+    (equal under two seeds; a random projection's is left out), as build(cfg) and
+    init_weights() give them."""
+    starts = []
+    for seed in (1, 2):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            conn = build(copy.deepcopy(cfg))
+            conn.init_weights()
+        starts.append(dict(conn.named_parameters()))
+    return {name: p.detach() for name, p in starts[0].items() if torch.equal(p, starts[1][name])}
+
+
+def sits_at_init(conn, cfg):
+    """Whether a model's connections (`conn`, a StreamConnections of config `cfg`) hold
+    exactly their start: every parameter whose start does not depend on the seed equals it.
+    Those with a random start are not compared (their start is the training run's RNG's):
+    a connection that learned moves its seed-free ones too (biases, scales, gates), since
+    an exactly zero gradient leaves AdamW's update at zero. None when it has no such
+    parameter (e.g. none at all)."""
+    start = seed_free_init(cfg)
+    if not start:
+        return None
+    params = dict(conn.named_parameters())
+    return all(torch.equal(params[name].detach().to(p.dtype).cpu(), p) for name, p in start.items())

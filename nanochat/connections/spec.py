@@ -31,6 +31,9 @@ and may add, with these defaults:
                             paper" section (its nearest relative: go-mHC's is mHC)
     settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
                             factors), for the training log, hc_report and the model card
+    sublayer_prenorm=True   the model's branches norm their input, u -> F(norm(u)); False: the
+                            wiring calls the raw sub-layer u -> F(u) and norms where its math
+                            says (post-norm, ReZero)
     order=None              where tables, reports and the registry list it: by this number,
                             then by name; None: after every numbered one (the wirings so far
                             are numbered in tens, so a new one can sit between two)
@@ -38,7 +41,10 @@ and may add, with these defaults:
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
 per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
-default: from the default's type).
+default: from the default's type), and `init_sublayers(cfg, sublayers)`: the start values its
+sub-layers need, set after the model's own init (the attention and MLP modules in branch
+order; e.g. non-zero output projections where the wiring's own start would block every
+gradient).
 """
 
 import math
@@ -65,6 +71,7 @@ class Spec:
     stream_symbol: str = "n"
     baseline: str = "residual"
     settings: Callable | None = None
+    sublayer_prenorm: bool = True
     order: float | None = None
 
     @property
@@ -108,11 +115,15 @@ def spec_of(name, module):
         raise SpecError(f"{where}: SPEC state={raw['state']!r}; choose one of {', '.join(STATES)}")
     if raw.get("order") is not None and (isinstance(raw["order"], bool) or not isinstance(raw["order"], (int, float))):
         raise SpecError(f"{where}: SPEC order={raw['order']!r} must be a number (where tables list it)")
+    if not isinstance(raw.get("sublayer_prenorm", True), bool):
+        raise SpecError(f"{where}: SPEC sublayer_prenorm={raw['sublayer_prenorm']!r} must be True or False")
     if not callable(raw["params"]):
         raise SpecError(f"{where}: SPEC params must be a function of the config (cfg -> int)")
     for hook in ("resolve", "make_layers"):
         if not callable(getattr(module, hook, None)):
             raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
+    if hasattr(module, "init_sublayers") and not callable(module.init_sublayers):
+        raise SpecError(f"{where}: init_sublayers must be a function (cfg, sublayers) -> None")
     own = getattr(module, "FIELDS", {})
     helps = getattr(module, "FIELD_HELP", {})
     undocumented = [f for f in own if f not in helps]
