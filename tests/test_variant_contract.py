@@ -93,6 +93,19 @@ def test_spec_describes_the_model_it_builds(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_its_shared_fields_are_the_frames_fields_that_shape_it(name):
+    """SPEC shared_fields (what the model card lists beside its own FIELDS) names frame fields,
+    hc_streams exactly when it has streams, and hc_norm_weight exactly when that changes its
+    parameter count."""
+    spec = connections.spec(name)
+    frame = {f.name for f in dataclasses.fields(GPTConfig)} - set(connections.variant_fields())
+    assert set(spec.shared_fields) <= frame, set(spec.shared_fields) - frame
+    assert ("hc_streams" in spec.shared_fields) == spec.streams
+    counts = {flag: spec.params(GPTConfig(**SIZES, hc=name, hc_norm_weight=flag)) for flag in (True, False)}
+    assert ("hc_norm_weight" in spec.shared_fields) == (counts[True] != counts[False])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_equals_prenorm_at_init_exactly_when_its_spec_says_so(name):
     """Shared weights moved off their init (zero output projections would make every wiring
     the identity), the connections at theirs: the logits equal the transcribed pre-norm

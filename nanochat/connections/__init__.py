@@ -94,6 +94,13 @@ def label(name):
     return spec(name).label if name in VARIANTS else name
 
 
+def own_settings(cfg):
+    """{field: value} of the settings that shape the config's wiring: the frame's fields it
+    declares (SPEC shared_fields), then its module's own FIELDS."""
+    names = [*spec(cfg.hc).shared_fields, *getattr(VARIANTS[cfg.hc], "FIELDS", {})]
+    return {name: getattr(cfg, name) for name in names}
+
+
 def variant_fields():
     """{field: (default, help, parser or None, variant)} of every variant's own config
     fields, in registry order (a module registered under two names counts once)."""

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from nanochat.connections.birkhoff import convex_permutations
-from nanochat.connections.hc import HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import FAMILY_FIELDS, HyperConnection, layer_options, resolve_streams
 from nanochat.flags import nonneg_float
 
 PHI_STD = 0.02  # times 1 / sqrt(nC): the source's init of phi
@@ -68,6 +68,7 @@ SPEC = dict(
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
+    shared_fields=FAMILY_FIELDS,
     order=150,
 )
 

@@ -96,6 +96,7 @@ SPEC = dict(
     baseline="prenorm",
     settings=lambda cfg: f"{cfg.dar_source} sources, {cfg.dar_gate} gate",
     order=140,
+    shared_fields=("hc_norm_weight",),
 )
 
 

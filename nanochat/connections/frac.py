@@ -61,6 +61,7 @@ SPEC = dict(
     params=config_params,
     stream_symbol="m",
     order=70,
+    shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
 )
 
 

@@ -71,6 +71,7 @@ SPEC = dict(
     baseline="prenorm",
     settings=lambda cfg: f"rank {cfg.gated_rank}",
     order=160,
+    shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
 )
 
 

@@ -51,6 +51,7 @@ SPEC = dict(
     baseline="prenorm",
     settings=lambda cfg: f"{cfg.mhar_heads} heads",
     order=130,
+    shared_fields=("hc_norm_weight",),
 )
 
 

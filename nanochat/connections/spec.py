@@ -31,6 +31,9 @@ and may add, with these defaults:
                             paper" section (its nearest relative: go-mHC's is mHC)
     settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
                             factors), for the training log, hc_report and the model card
+    shared_fields=()        the frame's config fields (GPTConfig's hc_*, beside its own FIELDS)
+                            that shape it, e.g. hc_streams, hc_norm_weight: with its FIELDS,
+                            the settings the model card lists (own_settings)
     sublayer_prenorm=True   the model's branches norm their input, u -> F(norm(u)); False: the
                             wiring calls the raw sub-layer u -> F(u) and norms where its math
                             says (post-norm, ReZero)
@@ -71,6 +74,7 @@ class Spec:
     stream_symbol: str = "n"
     baseline: str = "residual"
     settings: Callable | None = None
+    shared_fields: tuple = ()
     sublayer_prenorm: bool = True
     order: float | None = None
 
