@@ -165,7 +165,10 @@ def connection_grad_norm(norms):
 def dead_connections(hc_grad_norm, variant, step):
     """The one warning line when every connection parameter got an exactly zero gradient
     (hc_grad_norm 0.0; None: the wiring has no parameter), else None. Such a run's loss still
-    falls, as the embedding and the head learn, but the wiring never moves."""
+    falls, as the embedding and the head learn, but the wiring never moves. The loop asks it of
+    the first gradient after an optimizer step (step 1 of a fresh run): in step 0 nanochat's
+    zero output projections leave most wirings without a gradient (no branch output yet, and a
+    multiple of x0 that the final norm does not see), which the first update ends."""
     if hc_grad_norm != 0.0:
         return None
     return (f"warning: every connection parameter of hc={variant!r} got an exactly zero gradient in step {step}: "
@@ -647,7 +650,7 @@ def main(argv=None):
                 hc_grad_norm=hc_grad_norm, tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
-        warning = dead_connections(hc_grad_norm, config.hc, step) if step == start_step else None
+        warning = dead_connections(hc_grad_norm, config.hc, step) if step == max(start_step, 1) else None
         if warning:
             print0(warning)
         step += 1

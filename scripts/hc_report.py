@@ -366,7 +366,7 @@ def report_checkpoint(args):
     atomic_write(path, json.dumps(stats, indent=1))
     if connections.sits_at_init(model.connections, model.config):
         print(f"warning: every connection parameter of this step {stats['step']} checkpoint sits exactly at its "
-              f"start: the wiring never learned (its gradients were zero; base_train warns after the first step)")
+              f"start: the wiring never learned (its gradients were zero; base_train warns after step 1)")
     if "composite_col_mae" not in stats:  # no H_res: the reads, or the states alone
         reads = all("source_weights" in layer for layer in stats["layers"])
         (print_reads if reads else print_states)(run_dir, stats, source, model.config)

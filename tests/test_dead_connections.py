@@ -1,11 +1,13 @@
-"""A wiring that cannot learn does not train silently: base_train warns in one line after the
-first step when every connection parameter got an exactly zero gradient (ReZero's alpha = 0
-written naively, in front of nanochat's zero output projections), and hc_report says so of a
-checkpoint whose connection parameters sit exactly at their start."""
+"""A wiring that cannot learn does not train silently: base_train warns in one line when every
+connection parameter got an exactly zero gradient in the first step after an update (ReZero's
+alpha = 0 written naively, in front of nanochat's zero output projections), and hc_report says
+so of a checkpoint whose connection parameters sit exactly at their start."""
 
 import dataclasses
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +15,10 @@ import torch
 from nanochat import checkpoint, connections
 from nanochat.gpt import GPTConfig, build_model
 from scripts import hc_report
-from scripts.base_train import dead_connections
+from nanochat.optim import build_optimizer
+from scripts.base_train import connection_grad_norm, dead_connections
 from test_gpt import randomize
+from wiring_checks import tokens
 from test_train_e2e import REPO, TINY, base, env_for  # noqa: F401 (a fixture)
 
 WARNING = "warning: every connection parameter"
@@ -60,15 +64,35 @@ def test_the_warning_is_for_an_exactly_zero_connection_gradient_only():
 
 @pytest.mark.slow
 def test_base_train_warns_once_after_the_first_step_of_a_wiring_that_cannot_learn(base):  # noqa: F811
-    args = [*TINY, "--num-iterations", "2", "--model-tag"]
+    """The first gradient after an optimizer step decides (step 1): in step 0 the zero output
+    projections leave HC and the residual scalars without a gradient too, which is no warning."""
+    args = [*TINY, "--num-iterations", "3", "--model-tag"]
     dead = subprocess.run([sys.executable, "-c", NAIVE_REZERO, *args, "naive", "--hc", "naive_rezero"], cwd=REPO,
                           env=env_for(base), capture_output=True, text=True, timeout=300)
     assert dead.returncode == 0, dead.stderr[-3000:]
     lines = [line for line in dead.stdout.splitlines() if line.startswith(WARNING)]
-    assert len(lines) == 1 and "in step 0" in lines[0], dead.stdout[-3000:]
-    alive = subprocess.run([sys.executable, "-m", "scripts.base_train", *args, "alive", "--hc", "residual"], cwd=REPO,
-                           env=env_for(base), capture_output=True, text=True, timeout=300)
-    assert alive.returncode == 0 and WARNING not in alive.stdout, alive.stderr[-3000:]
+    assert len(lines) == 1 and "in step 1" in lines[0], dead.stdout[-3000:]
+    for hc in ("hc_identity", "residual"):
+        alive = subprocess.run([sys.executable, "-m", "scripts.base_train", *args, hc, "--hc", hc], cwd=REPO,
+                               env=env_for(base), capture_output=True, text=True, timeout=300)
+        assert alive.returncode == 0 and WARNING not in alive.stdout, (hc, alive.stdout[-2000:])
+    records = [json.loads(line) for line in (Path(base) / "runs" / "hc_identity" / "metrics.jsonl").open()]
+    first = next(r for r in records if r["kind"] == "train" and r["step"] == 0)
+    assert first["hc_grad_norm"] == 0.0  # step 0: no branch output yet, and no warning for it
+
+
+@pytest.mark.parametrize("hc", list(connections.VARIANTS))
+def test_no_registered_wiring_has_a_zero_gradient_after_one_update(hc):
+    """What base_train checks, with its optimizer and groups: after one update every wiring
+    with parameters has a connection gradient (the warning never fires for ours)."""
+    model = tiny(hc, seed=0)
+    optimizer = build_optimizer(model.param_groups(), world_size=1)
+    idx = tokens()
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        model(idx[:, :-1], idx[:, 1:]).backward()
+        optimizer.step(measure_grad_norm=True)
+    assert dead_connections(connection_grad_norm(optimizer.grad_norms), hc, 1) is None
 
 
 def save(run_dir, model, step=10):
