@@ -51,6 +51,8 @@ def _bound(kind, minimum, maximum, special, what, above=False, multiple=None):
 
     parse.__name__ = what.replace(" ", "_")
     parse.numeric = True  # lets tests find every numeric flag of a parser
+    # what it accepts, stated: the tests read a wiring's fields' ranges from here
+    parse.declared = dict(minimum=minimum, maximum=maximum, above=above, multiple=multiple, special=special)
     return parse
 
 
@@ -119,6 +121,7 @@ def factor_list(text):
 
 
 factor_list.numeric = True
+factor_list.declared = dict(minimum=2, maximum=None, above=False, multiple=None, special={})  # each factor
 
 
 def existing_dir(text):

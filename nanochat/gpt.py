@@ -9,6 +9,8 @@ of 64; sliding windows from a pattern string; GQA; meta-device construction foll
 `init_weights()`. What changes is the trunk: the model builds its sub-layers as branches
 (u -> sub-layer(norm(u))) and hands the embedding and the branches to `StreamConnections`,
 which runs the whole residual path and returns the folded state; nothing here knows streams.
+A wiring may take the raw sub-layers instead (u -> sub-layer(u): post-norm, ReZero) and give
+them start values of its own after `init_weights` (StreamConnections.init_sublayers).
 The attention branch also takes a triple (u_q, u_k, u_v), each normed on its own, for a
 wiring that feeds query, key and value from different states (MUDDFormer).
 The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in one place,
@@ -400,6 +402,7 @@ class GPT(nn.Module):
         for ve in self.value_embeds.values():
             nn.init.uniform_(ve.weight, -bound, bound)
         self.connections.init_weights()
+        self.connections.init_sublayers([sub for block in self.transformer.h for sub in (block.attn, block.mlp)])
         cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
@@ -522,6 +525,9 @@ class GPT(nn.Module):
         # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
         # nanochat's stream), not whatever the embedding and its norm return.
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
+        # Each sub-layer keeps its input RMSNorm, unless the wiring norms where its own math says
+        # (SPEC sublayer_prenorm: post-norm, ReZero): then the branch is the raw sub-layer.
+        pre = norm_inputs if self.connections.sublayer_prenorm else (lambda u: u)
         branches = []
         for i, block in enumerate(self.transformer.h):
             window = self.window_sizes[i]
@@ -529,10 +535,10 @@ class GPT(nn.Module):
             def attn_branch(u, i=i, block=block, window=window):
                 # u: a state, or a (u_q, u_k, u_v) triple (CausalSelfAttention.forward)
                 ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-                return block.attn(norm_inputs(u), ve, (cos, sin), window, kv_cache, padding_mask)
+                return block.attn(pre(u), ve, (cos, sin), window, kv_cache, padding_mask)
 
             def mlp_branch(u, block=block):
-                return block.mlp(norm(u))
+                return block.mlp(pre(u))
 
             branches += [attn_branch, mlp_branch]
         x = norm(self.connections(x0, branches))

@@ -162,6 +162,21 @@ def connection_grad_norm(norms):
     return math.sqrt(sum(float(v) ** 2 for v in parts)) if parts else None
 
 
+def dead_connections(hc_grad_norm, variant, step):
+    """The one warning line when every connection parameter got an exactly zero gradient
+    (hc_grad_norm 0.0; None: the wiring has no parameter), else None. Such a run's loss still
+    falls, as the embedding and the head learn, but the wiring never moves. The loop asks it of
+    the first gradient after an optimizer step (step 1 of a fresh run): in step 0 nanochat's
+    zero output projections leave most wirings without a gradient (no branch output yet, and a
+    multiple of x0 that the final norm does not see), which the first update ends."""
+    if hc_grad_norm != 0.0:
+        return None
+    return (f"warning: every connection parameter of hc={variant!r} got an exactly zero gradient in step {step}: "
+            "this wiring cannot learn from its start (e.g. zero scales in front of nanochat's zero output "
+            "projections); a wiring gives its sub-layers a start of their own through init_sublayers "
+            "(docs/connections.md, 'Adding a wiring')")
+
+
 def clean_metrics_log(path, resume_step):
     """Drop records at or after the resumed step: they are replayed identically, and the log
     must read as one uninterrupted run."""
@@ -631,10 +646,14 @@ def main(argv=None):
                f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
                f"mfu {mfu:.2f} | epoch {train_loader.epoch} | elapsed {format_duration(loop['elapsed'])} | "
                f"eta {format_duration(eta)}")
+        hc_grad_norm = connection_grad_norm(norms)
         log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
-                hc_grad_norm=connection_grad_norm(norms), tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
+                hc_grad_norm=hc_grad_norm, tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
+        warning = dead_connections(hc_grad_norm, config.hc, step) if step == max(start_step, 1) else None
+        if warning:
+            print0(warning)
         step += 1
         # As nanochat: after the first step (compilation done) freeze what exists and stop the
         # cyclic garbage collector, whose scans paused steps for ~500 ms; collect by hand rarely.

@@ -17,7 +17,8 @@ params-vs-n figure (per HC layer, C = 512, i_k = 2, go-mHC at s = 2).
 in the run directory and prints the per-layer and composite numbers and the stream-collapse
 measures (connections/collapse.py) per layer and for the final state; for Block Attention
 Residuals, which has neither streams nor H_res (those measures do not apply), the weights
-each read puts on its sources.
+each read puts on its sources. It warns, in one line, when the connection parameters sit
+exactly at their start (a wiring that never learned).
 --memory prints the estimated peak memory per rank on a GPU (nanochat/memory.py: bf16, CUDA's
 dtype rules, T = 2048, vocab 32,768) of every variant, compiled and eager, relative to the
 residual baseline; --memory-check the estimate beside the measured peak of real CPU steps for
@@ -363,6 +364,9 @@ def report_checkpoint(args):
     stats.update(step=meta.get("step", args.step), tokens_source=source)
     path = os.path.join(run_dir, "hc_stats.json")
     atomic_write(path, json.dumps(stats, indent=1))
+    if connections.sits_at_init(model.connections, model.config):
+        print(f"warning: every connection parameter of this step {stats['step']} checkpoint sits exactly at its "
+              f"start: the wiring never learned (its gradients were zero; base_train warns after step 1)")
     if "composite_col_mae" not in stats:  # no H_res: the reads, or the states alone
         reads = all("source_weights" in layer for layer in stats["layers"])
         (print_reads if reads else print_states)(run_dir, stats, source, model.config)

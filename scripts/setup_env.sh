@@ -23,8 +23,8 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 # TORCH_BUILD: cuda | cpu | auto (the default: cuda where nvidia-smi sees a GPU, else cpu).
-# TORCH_BUILD=cuda on a machine without a GPU is for the CUDA dry run (README "Tests"): PyPI's
-# build of torch, whose CUDA libraries run on a CPU too (several GB).
+# TORCH_BUILD=cuda on a machine without a GPU is for the CUDA dry run (README "On a fresh
+# machine"): PyPI's build of torch, whose CUDA libraries run on a CPU too (several GB).
 TORCH_BUILD="${TORCH_BUILD:-auto}"
 case "$TORCH_BUILD" in
     auto) if has_gpu; then TORCH_BUILD=cuda; else TORCH_BUILD=cpu; fi ;;

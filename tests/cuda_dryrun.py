@@ -6,9 +6,10 @@ Two stand-ins, each as close to the real thing as a CPU allows:
   (`torch.autocast("cuda")` disables itself when no GPU is visible). The dtype rules differ
   from the CPU's (CUDA runs pow, sum, softmax and, from torch 2.12, rms_norm in fp32), which
   is why the dry run exists. Slicing a fake CUDA tensor needs a CUDA build of torch (PyPI's
-  wheels run on a CPU); on a `+cpu` build these tests skip (README "Tests": the CI runs them
-  on the CUDA builds). The autograd engine refuses a backward on fake CUDA tensors without a
-  device, so what backward depends on is read off the forward: the tensors saved for it.
+  wheels run on a CPU); on a `+cpu` build these tests skip (README "On a fresh machine": the
+  CI runs them on the CUDA builds). The autograd engine refuses a backward on fake CUDA
+  tensors without a device, so what backward depends on is read off the forward: the tensors
+  saved for it.
 - `one_gpu`: `torch.cuda` patched to behave as one visible GPU that checks its arguments as
   the real one does, for the setup code of the tools (up to their first kernel).
 """

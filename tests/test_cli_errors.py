@@ -40,7 +40,9 @@ CLIS = {
 }
 
 # The values among 0 and -1 that a numeric flag accepts, by what they mean; every other
-# numeric flag must refuse both. "abc" is refused by all.
+# numeric flag must refuse both. "abc" is refused by all. A wiring's own fields are not listed
+# here: their modules declare them (FIELD_TYPES, whose parsers state their range), see
+# declared_allowed().
 ALLOWED = {
     ("scripts.base_train", "--seed"): {"0"},
     ("scripts.base_train", "--vocab-size"): {"0"},  # 0: the trained tokenizer's size
@@ -49,10 +51,6 @@ ALLOWED = {
     ("scripts.base_train", "--scalar-lr"): {"0"},
     ("scripts.base_train", "--x0-beta1"): {"0"},  # Adam without momentum
     ("scripts.base_train", "--hc-lss-init"): {"0", "-1"},  # any finite start of the stream scales
-    ("scripts.base_train", "--attnres-block-size"): {"0"},  # 0: about 8 blocks
-    ("scripts.base_train", "--cmhc-beta"): {"0"},  # 0: no leak, H_res = I
-    ("scripts.base_train", "--gated-rank"): {"0"},  # 0: n_embd / 8
-    ("scripts.base_train", "--mhar-heads"): {"0"},  # 0: n_kv_head
     ("scripts.base_train", "--data-seed"): {"0", "-1"},  # -1: nanochat's fixed order
     ("scripts.base_train", "--embedding-lr"): {"0"},
     ("scripts.base_train", "--unembedding-lr"): {"0"},
@@ -88,6 +86,31 @@ ALLOWED = {
 }
 
 
+def in_declared_range(declared, value):
+    """Whether a parser's stated range (flags.py: minimum, maximum, multiple, special values)
+    holds `value`."""
+    if value in declared["special"]:
+        return True
+    low = declared["minimum"]
+    above = low is None or (value > low if declared["above"] else value >= low)
+    below = declared["maximum"] is None or value <= declared["maximum"]
+    return above and below and (declared["multiple"] is None or value % declared["multiple"] == 0)
+
+
+def declared_allowed():
+    """base_train's entries of ALLOWED for every wiring's numeric fields, read from the
+    modules' declarations (FIELD_TYPES, or the parser of the default's type)."""
+    from nanochat.train_config import variant_flags
+    allowed = {}
+    for name, parser, _, _ in variant_flags():
+        if not getattr(parser, "numeric", False):
+            continue
+        assert hasattr(parser, "declared"), f"{name}: a wiring's numeric field needs a parser from nanochat/flags.py"
+        allowed[("scripts.base_train", "--" + name.replace("_", "-"))] = {
+            v for v in ("0", "-1") if in_declared_range(parser.declared, int(v))}
+    return allowed
+
+
 def cli_parser(cli):
     module_name, base_argv = CLIS[cli]
     if importlib.util.find_spec(module_name) is None:
@@ -115,14 +138,24 @@ def parse(parse_args, argv):
     return None, err.getvalue()
 
 
+def test_a_wirings_fields_are_allowed_what_their_module_declares():
+    """0 where a module gives it a meaning (attnres' block size, gated's rank, mhar's heads) or
+    its range holds it (cmhc's beta >= 0); -1 nowhere; a positive field neither."""
+    allowed = declared_allowed()
+    for flag, values in (("--attnres-block-size", {"0"}), ("--cmhc-beta", {"0"}), ("--gated-rank", {"0"}),
+                         ("--mhar-heads", {"0"}), ("--dwa-dilation", set()), ("--laurel-rank", set())):
+        assert allowed[("scripts.base_train", flag)] == values, flag
+
+
 @pytest.mark.parametrize("cli", list(CLIS))
 def test_every_numeric_flag_refuses_zero_negative_and_wrong_type(cli):
     parser, base = cli_parser(cli)
     flags = numeric_flags(parser)
     assert flags or cli == "scripts.report", f"{cli}: no numeric flag found"
     problems = []
+    listed = {**ALLOWED, **declared_allowed()}
     for flag, action in flags.items():
-        allowed = ALLOWED.get((cli, flag), set())
+        allowed = listed.get((cli, flag), set())
         for value in ("0", "-1", "abc"):
             code, err = parse(parser.parse_args, [*base, flag, value])
             if value in allowed:

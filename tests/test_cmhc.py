@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
-                          assert_equals_prenorm_at_init,
-                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
-                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, moved, random_branches, tiny, tiny_config, tokens, with_moved_body)  # noqa: F401
-from wiring_checks import prenorm_logits
+from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                           assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
+                           assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
+                           assert_train_flag_error, base, moved, prenorm_logits, random_branches, tiny, tiny_config,
+                           tokens, with_moved_body)  # noqa: F401 (base: a fixture)
 
 
 def layers(n=4, C=8, n_layer=2, beta=1.0, **fields):
@@ -50,7 +49,7 @@ def test_matches_the_sources_map():
     r = v.norm(dim=-1, keepdim=True) / math.sqrt(n * C)
     h = layer.alpha.repeat_interleave(n) * (v @ layer.weight) / r + layer.bias  # a_pre, a_post, a_res
     H_pre, H_post = torch.sigmoid(h[..., :n]), 2 * torch.sigmoid(h[..., n:2 * n])
-    gamma = 1.0 / 4  # beta / (2 L) with beta = 1, L = 2
+    gamma = 1.0 / 8  # beta / (2 L) with beta = 1, L = 4 sub-layers (2 blocks)
     c = gamma * torch.softmax(h[..., 2 * n:], dim=-1)
     c[..., 0] += 1 - gamma
     Pi = torch.roll(torch.eye(n, dtype=torch.float64), 1, dims=0)
@@ -67,7 +66,7 @@ def test_init_is_the_sources():
     with torch.no_grad():
         layer.weight.zero_()
     h_pre, h_post, h_res = layer.coefficients(torch.randn(1, 2, n, C))
-    gamma = 1.0 / 4
+    gamma = 1.0 / 8  # beta = 1 over 2 * 4 sub-layers
     torch.testing.assert_close(h_pre, torch.full_like(h_pre, 1 / n))
     torch.testing.assert_close(h_post, torch.ones_like(h_post))
     torch.testing.assert_close(h_res[0, 0], (1 - gamma) * torch.eye(n) + gamma / n)
@@ -122,8 +121,11 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("cmhc", **overrides)
 
 
-@pytest.mark.parametrize("beta, n_layer, gamma", [(4.0, 12, 1 / 6), (1.0, 2, 1 / 4), (0.0, 2, 0.0), (4.0, 1, 1.0)])
+@pytest.mark.parametrize("beta, n_layer, gamma", [(4.0, 6, 1 / 6), (4.0, 12, 1 / 12), (1.0, 2, 1 / 8), (0.0, 2, 0.0),
+                                                   (4.0, 1, 1.0)])
 def test_the_leak_is_beta_over_the_sub_layers_at_most_one(beta, n_layer, gamma):
+    """gamma = min(1, beta / (2 L)), L the residual sub-layers (two per block) as the source's code
+    counts them; its runs: beta = 4 at 6 blocks, gamma = 1/6."""
     conn = connections.build(tiny_config("cmhc", n_layer=n_layer, n_embd=8, cmhc_beta=beta))
     assert [layer.gamma for layer in conn.layers] == pytest.approx([gamma] * 2 * n_layer)
 

@@ -9,7 +9,7 @@ import pytest
 from cm_curves import ladder_run, true_cm
 
 from nanochat import compute_multiplier as cm
-from nanochat.report.stats import T_975, holm, t_pvalue
+from nanochat.stats import T_975, holm, t_pvalue
 
 
 def geomean(values):

@@ -33,19 +33,22 @@ def test_tiny_model_trains(variant, streams):
     x, y = batch[:, :-1], batch[:, 1:]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.8, 0.95), weight_decay=0.0)
     before = {name: p.detach().clone() for name, p in model.connections.named_parameters()}
-    losses = []
+    losses, learning = [], set()
     for _ in range(STEPS):
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         for name, p in model.connections.named_parameters():
             assert p.grad is not None, name  # the optimizer stacks every grad: none may be missing
+            if p.grad.abs().sum() > 0:
+                learning.add(name)
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0], losses
-    moved = [name for name, p in model.connections.named_parameters() if not torch.equal(p, before[name])]
-    # the attention-residual reads: the first has one source (x0), so its query and gain get no gradient
-    assert len(moved) == len(before) - (2 if variant in ("attnres", "mhar", "dar") else 0)
+    moved = {name for name, p in model.connections.named_parameters() if not torch.equal(p, before[name])}
+    # Every parameter that got a gradient moved, and most did; those that never get one by
+    # their wiring's math (a read over one source) are named in the wiring's own test.
+    assert moved == learning and len(moved) >= len(before) / 2, sorted(set(before) - moved)
     stats = collect_hc_stats(model, x)
     if variant in ("mhc_lite", "kromhc"):
         assert stats["composite_col_mae"] < 1e-6 and stats["composite_row_mae"] < 1e-6

@@ -40,7 +40,7 @@ def random_alphas(model, seed=2):
 
 
 def tokens(seed=0, T=12):
-    return wiring_checks.tokens(VOCAB, seed, T)
+    return wiring_checks.tokens(seed, VOCAB, T)
 
 
 def reference_logits(model, idx):

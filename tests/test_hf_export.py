@@ -30,7 +30,8 @@ pytest.importorskip("transformers", reason="needs the eval extra: pip install -e
 from nanochat import cli  # noqa: E402
 from nanochat.connections import VARIANTS  # noqa: E402
 from nanochat.hf.assemble import AssemblyError, assemble, check_imports  # noqa: E402
-from nanochat.hf.export import ENTRY_MODULES, export  # noqa: E402
+from nanochat.hf.export import ENTRY_MODULES, discovered_modules, export  # noqa: E402
+from nanochat.hf.model_card import without_other_wirings  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 from scripts.export import main as export_main  # noqa: E402
 
@@ -184,7 +185,7 @@ def test_exported_code_is_the_projects_own(exported, tmp_path):
     """Each exported file is a module of the project with its `nanochat` imports made
     relative and nothing else changed; the variants' modules are all there."""
     export_dir, _ = exported["kromhc"]
-    files = assemble(ENTRY_MODULES, tmp_path, names=ENTRY_MODULES)
+    files = assemble(ENTRY_MODULES, tmp_path, names=ENTRY_MODULES, discovered=discovered_modules())
     assert sorted(files) == sorted(p.name for p in export_dir.glob("*.py"))
     for name, module in files.items():
         text = (export_dir / name).read_text()
@@ -249,9 +250,22 @@ def test_model_card(exported):
                    "| val bpb | 1.8750 |", "| CORE | 0.0625 (core.json) |", "| copa | 0 | 16 | 0.5625 | +0.1250 |",
                    'hc = "kromhc"', 'path = "kromhc_4x2_alphas"', "trust_remote_code=True"]:
         assert needle in card, needle
+    settings = next(line for line in card.splitlines() if line.startswith("| connection settings |"))
+    for own in ("`hc_streams=8`", "`hc_factors=[4, 2]`", "`hc_alpha_shared=False`", "`hc_expand=copy`"):
+        assert own in settings, own
+    for other in ("hc_go_s", "hc_sk_iters", "cmhc_beta", "dar_gate", "attnres_block_size"):  # other wirings'
+        assert other not in settings, other
+    prenorm = (exported["prenorm"][0] / "README.md").read_text()
+    assert "| connection settings | none (the wiring has no settings) |" in prenorm
     config = json.loads((export_dir / "config.json").read_text())
     assert config["model_type"] == "nanochat_hc" and config["hc_factors"] == [4, 2]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_nanochat_hc.NanochatHCForCausalLM"
+
+
+def test_the_cards_config_keeps_only_its_own_wirings_fields():
+    text = 'depth = 2\nhc = "kromhc"\nhc_factors = [4, 2]\ncmhc_beta = 4.0\ndar_gate = "zero"\nhc_lr = 0.005\n'
+    assert without_other_wirings(text, "kromhc") == 'depth = 2\nhc = "kromhc"\nhc_factors = [4, 2]\nhc_lr = 0.005\n'
+    assert "cmhc_beta = 4.0" in without_other_wirings(text, "cmhc")
 
 
 def run_export_cli(*argv):

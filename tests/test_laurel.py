@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from nanochat import connections
-from test_prenorm import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
-                          assert_equals_prenorm_at_init,
-                          assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
-                          assert_params_match_spec, assert_resumes_bitwise, assert_train_flag_error,
-                          base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401
+from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
+                           assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
+                           assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
+                           assert_train_flag_error, base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401 (base: a fixture)
 
 FORMS = ("rw", "lr", "rw_lr")
 

@@ -43,7 +43,7 @@ def random_weights(model, seed=2):
 
 
 def tokens(seed=0, T=12):
-    return wiring_checks.tokens(VOCAB, seed, T)
+    return wiring_checks.tokens(seed, VOCAB, T)
 
 
 def rms(v):

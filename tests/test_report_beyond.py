@@ -146,3 +146,22 @@ def test_published_numbers_stand_beside_ours_against_our_prenorm(published):
         "mHC D6: —; mHC D12: -0.0200"
     assert row(rows, **{"factory wiring": "laurel-rw-lr"})["ours: Δ train loss vs our pre-norm"] == "—"
     assert "Another recipe" in text
+
+
+def test_a_wiring_is_read_against_its_declared_baseline_whatever_table_that_belongs_to(tmp_path):
+    """LAuReL and Delta AttnRes declare pre-norm, itself a run beyond the paper: each is read
+    against the pre-norm run of its own depth; pre-norm against the residual row; a D=6 LAuReL
+    with no pre-norm of its depth against nothing."""
+    dirs = [write_run(tmp_path, "d12_residual", cfg(12, "residual"), final_loss=2.97, bpb=0.86),
+            write_run(tmp_path, "d12_prenorm", cfg(12, "prenorm", n=1), hc_params=0, final_loss=3.000, bpb=0.870),
+            write_run(tmp_path, "d12_laurel", cfg(12, "laurel", n=1), hc_params=589_872, final_loss=2.990, bpb=0.866),
+            write_run(tmp_path, "d12_dar", cfg(12, "dar", n=1), hc_params=36_888, final_loss=2.985, bpb=0.864),
+            write_run(tmp_path, "d6_laurel", cfg(6, "laurel", n=1), hc_params=294_936, final_loss=3.4, bpb=1.0)]
+    out = tmp_path / "out"
+    report_cli.main(["--runs", *map(str, dirs), "--out", str(out)])
+    rows = table(section((out / "README.md").read_text(), "## Beyond the paper"))
+    laurel = row(rows, Run="d12_laurel")
+    assert (laurel["against"], laurel["Δ loss"], laurel["Δ BPB"]) == ("d12_prenorm", "-0.010", "-0.004")
+    assert (row(rows, Run="d12_dar")["against"], row(rows, Run="d12_dar")["Δ loss"]) == ("d12_prenorm", "-0.015")
+    assert row(rows, Run="d12_prenorm")["against"] == "d12_residual"
+    assert row(rows, Run="d6_laurel")["against"] == "—"

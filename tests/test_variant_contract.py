@@ -9,6 +9,7 @@ Tiny models throughout; one run directory per variant, shared by the checks."""
 
 import dataclasses
 import json
+import sys
 import types
 
 import pytest
@@ -89,6 +90,19 @@ def test_spec_describes_the_model_it_builds(name):
     assert all(isinstance(getattr(spec, key), str) and getattr(spec, key) for key in ("label", "description", "source"))
     has_h_res = hasattr(model.connections.layers[0], "coefficients")
     assert has_h_res == spec.has_h_res
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_its_shared_fields_are_the_frames_fields_that_shape_it(name):
+    """SPEC shared_fields (what the model card lists beside its own FIELDS) names frame fields,
+    hc_streams exactly when it has streams, and hc_norm_weight exactly when that changes its
+    parameter count."""
+    spec = connections.spec(name)
+    frame = {f.name for f in dataclasses.fields(GPTConfig)} - set(connections.variant_fields())
+    assert set(spec.shared_fields) <= frame, set(spec.shared_fields) - frame
+    assert ("hc_streams" in spec.shared_fields) == spec.streams
+    counts = {flag: spec.params(GPTConfig(**SIZES, hc=name, hc_norm_weight=flag)) for flag in (True, False)}
+    assert ("hc_norm_weight" in spec.shared_fields) == (counts[True] != counts[False])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -215,6 +229,74 @@ def test_a_module_without_spec_is_named(monkeypatch):
     monkeypatch.setitem(connections.VARIANTS, "bare", module)
     with pytest.raises(SpecError, match="variant 'bare' .*defines no SPEC dict; declare label, description"):
         connections.specs()
+
+
+class RecordingLayer(PlainLayer):
+    """PlainLayer that keeps what its branch received and returned."""
+
+    def step(self, X, branch, x0, carry):
+        self.seen = (X.squeeze(-2), branch(X.squeeze(-2)))
+        return X + self.scale * self.seen[1].unsqueeze(-2), carry
+
+
+@pytest.mark.parametrize("prenorm", [True, False])
+def test_a_wiring_may_take_the_raw_sub_layers_and_set_their_start(monkeypatch, prenorm):
+    """SPEC sublayer_prenorm=False hands the wiring u -> F(u) instead of u -> F(norm(u)), and
+    its init_sublayers(cfg, sublayers) runs after the model's init, over the attention and MLP
+    modules in branch order."""
+    module = dummy_module()
+    module.SPEC["sublayer_prenorm"] = prenorm
+    module.make_layers = lambda cfg: [RecordingLayer() for _ in range(2 * cfg.n_layer)]
+    module.init_sublayers = lambda cfg, sublayers: [s.c_proj.weight.data.fill_(0.01 * i)
+                                                    for i, s in enumerate(sublayers, start=1)]
+    monkeypatch.setitem(connections.VARIANTS, "raw", module)
+    model = build_model(GPTConfig(**SIZES, hc="raw"), "cpu")
+    subs = [s for block in model.transformer.h for s in (block.attn, block.mlp)]
+    assert [s.c_proj.weight.unique().tolist() for s in subs] == [[pytest.approx(0.01 * i)] for i in range(1, 5)]
+    with torch.no_grad():
+        model(torch.randint(0, SIZES["vocab_size"], (2, 8)))
+        u, out = model.connections.layers[1].seen  # the first MLP's branch
+        mlp = model.transformer.h[0].mlp
+        torch.testing.assert_close(out, mlp(torch.nn.functional.rms_norm(u, (u.size(-1),))) if prenorm else mlp(u))
+        assert not torch.allclose(mlp(u), mlp(torch.nn.functional.rms_norm(u, (u.size(-1),))))
+
+
+# The registry's order before the wirings registered themselves: tables list them so.
+EARLIER = ["residual", "hc", "hc_identity", "mhc", "mhc_lite", "kromhc", "go_mhc", "frac", "attnres", "prenorm",
+           "denseformer", "muddformer", "laurel", "mhar", "dar", "cmhc", "gated"]
+WIRING_SOURCE = """
+SPEC = dict(label="{label}", description="a test wiring", source="tests", state="single", has_h_res=False,
+            in_paper=False, equals_prenorm_at_init=True, params=lambda cfg: 0{order})
+
+
+def resolve(cfg):
+    cfg.hc_streams = 1
+
+
+def make_layers(cfg):
+    return []
+"""
+
+
+def test_the_registry_keeps_its_order():
+    assert [name for name in connections.VARIANTS if name in EARLIER] == EARLIER
+
+
+def test_a_module_in_the_package_registers_itself(tmp_path, monkeypatch):
+    """A file in nanochat/connections/ that declares SPEC is a wiring under its file name,
+    listed by its SPEC order (unnumbered: last); nothing else is edited."""
+    (tmp_path / "aa_numbered.py").write_text(WIRING_SOURCE.format(label="Numbered", order=", order=95"))
+    (tmp_path / "aa_unnumbered.py").write_text(WIRING_SOURCE.format(label="Unnumbered", order=""))
+    (tmp_path / "aa_helper.py").write_text("HELPER = 1\n")  # no SPEC: not a wiring
+    monkeypatch.setattr(connections, "__path__", [*connections.__path__, str(tmp_path)])
+    for name in ("aa_numbered", "aa_unnumbered", "aa_helper"):
+        monkeypatch.delitem(sys.modules, f"nanochat.connections.{name}", raising=False)
+    found = list(connections.discover())
+    assert [name for name in found if not name.startswith("aa_")] == NAMES
+    assert found[found.index("aa_numbered") + 1] == "denseformer"  # order 95: before DenseFormer's 100
+    assert found[-1] == "aa_unnumbered"
+    for name in ("aa_numbered", "aa_unnumbered", "aa_helper"):
+        sys.modules.pop(f"nanochat.connections.{name}", None)
 
 
 def test_config_fields_come_from_the_modules():

@@ -1,16 +1,143 @@
-"""Checks that every wiring's test file runs on its own model (docs/connections.md, "Adding a
-wiring"): the transcribed pre-norm residual to compare with at init, causality, KV-cache
-decoding against the full forward, and its flags' errors."""
+"""The checks every wiring's test file runs on its own model (docs/connections.md, "Adding a
+wiring"), in one place: a tiny config and model, the transcribed pre-norm residual to compare
+with at init (the body moved off its init first), causality, a gradient on every connection
+parameter, an fp64 gradcheck of the trunk, KV-cache decoding against the full forward, the
+diagnostics, the parameter count of its SPEC, its flags' errors (one `error:` line), and an
+exact resume through the real CLI (the `base` fixture: a tokenizer and a corpus)."""
 
 import pytest
 import torch
+from torch.func import functional_call
 
-from nanochat.gpt import KVCache
+from nanochat import connections
+from nanochat.connections.diagnostics import collect_hc_stats
+from nanochat.gpt import GPTConfig, KVCache, build_model
 from nanochat.train_config import model_config_for, parse_args
+from test_cli_errors import TRAIN, assert_one_error, run_cli
+from test_gpt import randomize
+from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (a fixture)
+
+VOCAB = 64
 
 
-def tokens(vocab, seed=0, T=12, rows=2):
+def tokens(seed=3, vocab=VOCAB, T=16, rows=2):
     return torch.randint(0, vocab, (rows, T), generator=torch.Generator().manual_seed(seed))
+
+
+def tiny_config(hc, n_layer=2, n_embd=32, **fields):
+    return GPTConfig(sequence_len=16, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_kv_head=2, n_embd=n_embd,
+                     window_pattern="SL", hc=hc, **fields)
+
+
+def tiny(hc, seed=0, **fields):
+    torch.manual_seed(seed)
+    return build_model(tiny_config(hc, **fields), "cpu")
+
+
+def assert_decodes_as_the_full_forward(hc, **fields):
+    """Prefill, then one token at a time through the KV cache: the full forward's logits."""
+    assert_decode_matches(randomize(tiny(hc, **fields), seed=4), tokens())
+
+
+def with_moved_body(hc, **fields):
+    """The wiring's model with the body (embeddings, sub-layers, head) moved off its init,
+    where the zero output projections would make every wiring equal, and its connections at
+    their init."""
+    model = randomize(tiny(hc, **fields), seed=5)
+    model.connections.init_weights()
+    return model
+
+
+def assert_equals_prenorm_at_init(hc, atol=1e-5, adjust=None, **fields):
+    """Against the pre-norm residual over the same sub-layers (wiring_checks.prenorm_logits);
+    `adjust(model)` may change the wiring's init first (a source whose init is random)."""
+    model = with_moved_body(hc, **fields)
+    if adjust is not None:
+        adjust(model)
+    idx = tokens()
+    torch.testing.assert_close(model(idx), prenorm_logits(model, idx), atol=atol, rtol=atol)
+
+
+def connection_gradients(model):
+    """Gradients of a loss through a model moved off its init, by connection parameter name."""
+    randomize(model, seed=7)
+    idx = tokens()
+    model(idx[:, :-1], idx[:, 1:]).backward()
+    return {name: p.grad for name, p in model.connections.named_parameters()}
+
+
+def assert_every_connection_parameter_gets_a_gradient(model, without=()):
+    grads = connection_gradients(model)
+    assert grads, "no connection parameters"
+    for name, grad in grads.items():
+        assert (grad is not None and grad.abs().sum() > 0) == (name not in without), name
+
+
+def moved(module, seed=0, scale=1.0):
+    """Every parameter of `module` moved off its init by scale * N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def fp64_trunk(hc, seed=0, **fields):
+    """(the connections of a tiny config in fp64, moved off their init; an fp64 x0 for them)"""
+    cfg = tiny_config(hc, **fields)
+    conn = connections.build(cfg).double()
+    conn.init_weights()
+    x0 = torch.randn(2, 3, cfg.n_embd, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return moved(conn, seed), x0
+
+
+def random_branches(L, C, seed=11, dtype=torch.float64):
+    """L fixed smooth branches u -> tanh(u M_l), standing in for the sub-layers."""
+    g = torch.Generator().manual_seed(seed)
+    mats = [(torch.randn(C, C, generator=g) / C ** 0.5).to(dtype) for _ in range(L)]
+    return [lambda u, M=M: torch.tanh(u @ M) for M in mats]
+
+
+def assert_gradcheck(hc, n_layer=1, n_embd=8, **fields):
+    """fp64 gradcheck of the whole trunk (expand, every layer, reduce) in x0 and in every
+    connection parameter, moved off its init."""
+    cfg = tiny_config(hc, n_layer=n_layer, n_embd=n_embd, **fields)
+    conn = connections.build(cfg).to_empty(device="cpu")
+    conn.init_weights()
+    conn.double()
+    names = [name for name, _ in conn.named_parameters()]
+    g = torch.Generator().manual_seed(2)
+    params = [(p.detach() + 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype)).requires_grad_()
+              for p in conn.parameters()]
+    x0 = torch.randn(1, 3, n_embd, generator=g, dtype=torch.float64, requires_grad=True)
+    branches = random_branches(2 * n_layer, n_embd)
+
+    def trunk(x0, *params):
+        return functional_call(conn, dict(zip(names, params)), (x0, branches))
+
+    assert torch.autograd.gradcheck(trunk, (x0, *params))
+
+
+def assert_diagnostics(model):
+    """The training-time diagnostics capture every layer of the model."""
+    stats = collect_hc_stats(model, tokens())
+    assert stats["variant"] == model.config.hc and len(stats["layers"]) == 2 * model.config.n_layer
+
+
+def assert_params_match_spec(hc, **fields):
+    model = tiny(hc, **fields)
+    spec = connections.VARIANTS[hc].SPEC
+    assert sum(p.numel() for p in model.connections.parameters()) == spec["params"](model.config)
+
+
+def assert_resumes_bitwise(base, *flags):
+    """Through base_train: killed after a checkpoint and resumed, the same losses and weights."""
+    kill_resume_and_compare(base, [*flags, "--num-iterations", "8", "--save-every", "2"])
+
+
+def assert_train_flag_error(base, flags, phrases):
+    """base_train with these flags ends in one `error:` line containing the phrases."""
+    assert_one_error(run_cli("scripts.base_train", *TRAIN, *flags, base=base), *phrases)
 
 
 def prenorm_logits(model, idx):
@@ -27,6 +154,35 @@ def prenorm_logits(model, idx):
         return model(idx)
     finally:
         model.connections.forward = real
+
+
+def handed(model):
+    """(x0, branches, the connections' output) of one forward of `model` on tokens(): what the
+    model hands its connections and what they return."""
+    seen, real = {}, model.connections.forward
+
+    def keep(x0, branches):
+        seen.update(x0=x0, branches=branches, out=real(x0, branches))
+        return seen["out"]
+
+    model.connections.forward = keep
+    try:
+        with torch.no_grad():
+            model(tokens())
+    finally:
+        model.connections.forward = real
+    return seen["x0"], seen["branches"], seen["out"]
+
+
+def assert_sublayers_called_raw(model):
+    """The model hands the wiring its sub-layers themselves (SPEC sublayer_prenorm=False): the
+    first MLP branch on a state of RMS 3 is the MLP on that state, not on its norm."""
+    branches = handed(model)[1]
+    u = 3 * torch.randn(2, 16, model.config.n_embd, generator=torch.Generator().manual_seed(0))
+    mlp = model.transformer.h[0].mlp
+    with torch.no_grad():
+        torch.testing.assert_close(branches[1](u), mlp(u))
+        assert not torch.allclose(mlp(u), mlp(torch.nn.functional.rms_norm(u, (u.size(-1),))), atol=1e-3)
 
 
 def assert_causal(model, idx, at=6):

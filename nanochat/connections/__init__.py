@@ -2,7 +2,8 @@
 
 The model hands the trunk over whole: `connections(x0, branches)` takes the normed
 embedding x0 (B, T, C) and the 2 * n_layer branches (attention and MLP sub-layers in order,
-each u -> F(u) with its own pre-norm) and returns the folded (B, T, C) state. In between:
+each u -> F(u) with its own pre-norm, or raw for a wiring whose SPEC says
+sublayer_prenorm=False) and returns the folded (B, T, C) state. In between:
 `expand` makes the stream state (trunk.py), each layer runs
 `layer.step(X, branch, x0, carry) -> (X_next, carry)`, and `reduce` folds the result. The
 carry is whatever a variant passes from one layer to the next (None unless it needs one:
@@ -10,13 +11,15 @@ the delayed pre-weights of hc_pre = delayed, attnres's block states, a block-lev
 block outputs); it reaches `reduce` too. Called on its own, a layer runs one step with
 nothing carried in: `layer(X, branch, x0) -> X_next`.
 
-Adding a variant means adding a module and one line in `VARIANTS` (docs/connections.md,
-"Adding a wiring"). A variant module declares `SPEC` (spec.py: display name, source, state,
-parameter count, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
+Adding a variant means adding a module to this package: every module here that declares
+`SPEC` registers itself under its file name (docs/connections.md, "Adding a wiring"). A
+variant module declares `SPEC` (spec.py: display name, source, state, parameter count,
+where tables list it, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
 place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally `param_groups(layers,
 lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not the n streams of
-the HC family), `OWN_STATE` (a few words naming that state: the HC options then do not
-apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
+the HC family), `init_sublayers(cfg, sublayers)` (start values of its own for the
+sub-layers, set after the model's init), `OWN_STATE` (a few words naming that state: the HC
+options then do not apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
 become GPTConfig fields and base_train flags, and which every other variant refuses to see
 changed). Everything else (bench, plan, hc_report, the report, the model card, the tests'
 lists) reads the registry through `specs()`.
@@ -26,43 +29,53 @@ in one group named "hc", unless the variant's module defines `param_groups(layer
 (the residual baseline does: nanochat's two scalar LRs).
 """
 
+import copy
+import importlib
 import math
+import os
+import pkgutil
+import re
+import types
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from nanochat.connections import (attnres, cmhc, dar, denseformer, frac, fused, gated, go_mhc, hc, hc_identity, kromhc,
-                                  laurel, mhar, mhc, mhc_lite, muddformer, ops, prenorm, residual, trunk)
+from nanochat.connections import fused, hc, ops, trunk
 from nanochat.connections.diagnostics import record_state
-from nanochat.connections.spec import SpecError, spec_of
+from nanochat.connections.spec import SpecError, listed_order, spec_of
+
+
+def discover():
+    """{name: module} of the wirings: the modules of this package that declare a SPEC dict,
+    each under its file name, in the order tables list them (SPEC `order`, then the name).
+    Found by listing the package, so that a new wiring is a new file and nothing else. An
+    exported model's flat copy of this file has no package to list: its assembler
+    (nanochat/hf/assemble.py) imports the wiring modules above this point as plain imports,
+    and they are taken from this module's names."""
+    if "__path__" in globals():
+        # Only the files that assign SPEC are imported: the others need not be importable here
+        # (fused_kernels.py imports Triton, an optional extra).
+        modules = {info.name: importlib.import_module(f"{__name__}.{info.name}")
+                   for info in pkgutil.iter_modules(__path__) if _declares_spec(info)}
+    else:
+        modules = {name: value for name, value in globals().items() if isinstance(value, types.ModuleType)}
+    wirings = {name: module for name, module in modules.items() if isinstance(getattr(module, "SPEC", None), dict)}
+    return dict(sorted(wirings.items(), key=lambda item: listed_order(*item)))
+
+
+def _declares_spec(info):
+    """Whether a module of the package (a pkgutil ModuleInfo) assigns SPEC at its top level."""
+    with open(os.path.join(info.module_finder.path, f"{info.name}.py")) as f:
+        return re.search(r"^SPEC\s*=", f.read(), re.MULTILINE) is not None
+
 
 # name -> module declaring SPEC and exposing `resolve(cfg)`, `make_layers(cfg)` and the
 # optional hooks above; the order is the one tables and reports list the variants in.
-VARIANTS = {
-    "residual": residual,
-    "hc": hc,
-    "hc_identity": hc_identity,
-    "mhc": mhc,
-    "mhc_lite": mhc_lite,
-    "kromhc": kromhc,
-    "go_mhc": go_mhc,
-    "frac": frac,
-    "attnres": attnres,
-    "prenorm": prenorm,
-    "denseformer": denseformer,
-    "muddformer": muddformer,
-    "laurel": laurel,
-    "mhar": mhar,
-    "dar": dar,
-    "cmhc": cmhc,
-    "gated": gated,
-}
+VARIANTS = discover()
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
 HC_OPTIONS = {"hc_expand": trunk.EXPANDS, "hc_reduce": trunk.REDUCES, "hc_pre": hc.PRES}
-
-
 
 
 def spec(name):
@@ -91,6 +104,13 @@ def label(name):
     return spec(name).label if name in VARIANTS else name
 
 
+def own_settings(cfg):
+    """{field: value} of the settings that shape the config's wiring: the frame's fields it
+    declares (SPEC shared_fields), then its module's own FIELDS."""
+    names = [*spec(cfg.hc).shared_fields, *getattr(VARIANTS[cfg.hc], "FIELDS", {})]
+    return {name: getattr(cfg, name) for name in names}
+
+
 def variant_fields():
     """{field: (default, help, parser or None, variant)} of every variant's own config
     fields, in registry order (a module registered under two names counts once)."""
@@ -110,9 +130,13 @@ def variant_fields():
 
 
 class StreamConnections(nn.Module):
-    """The stream state around the transformer's 2 * n_layer sub-layers, from expand to reduce."""
+    """The stream state around the transformer's 2 * n_layer sub-layers, from expand to reduce.
+    `sublayer_prenorm`: whether the model's branches norm their input (SPEC; the model reads
+    it when it builds them); `sublayer_init(sublayers)`: the wiring's start values for the
+    sub-layers, if it declares any (its module's `init_sublayers`)."""
 
-    def __init__(self, n, layers, expand, reduce, groups=None, kernels="torch"):
+    def __init__(self, n, layers, expand, reduce, groups=None, sublayer_prenorm=True, sublayer_init=None,
+                 kernels="torch"):
         super().__init__()
         self.n = n
         self.kernels = kernels  # hc_kernels: "fused" runs the trunk as fused seams (fused.py)
@@ -120,6 +144,8 @@ class StreamConnections(nn.Module):
         self.expand = expand
         self.reduce = reduce
         self._groups = groups
+        self.sublayer_prenorm = sublayer_prenorm
+        self._sublayer_init = sublayer_init
         self.final_capture = None  # a dict while capture() is active: the state before reduce
 
     def forward(self, x0, branches):
@@ -156,6 +182,15 @@ class StreamConnections(nn.Module):
         for layer in self.layers:
             layer.init_weights()
         self.reduce.init_weights()
+
+    @torch.no_grad()
+    def init_sublayers(self, sublayers):
+        """The model calls this after initializing its sub-layers (attention and MLP modules, in
+        branch order): a wiring whose start needs other values than the model's (e.g. ReZero,
+        whose zero scales would otherwise meet zero output projections, and neither would get
+        a gradient) sets them here."""
+        if self._sublayer_init is not None:
+            self._sublayer_init(sublayers)
 
     @contextmanager
     def capture(self):
@@ -223,6 +258,36 @@ def build(cfg):
     variant = VARIANTS[cfg.hc]
     expand = getattr(variant, "make_expand", trunk.make_expand)(cfg)
     reduce = getattr(variant, "make_reduce", trunk.make_reduce)(cfg)
+    init = getattr(variant, "init_sublayers", None)
     kernels = cfg.hc_kernels if hc_family(cfg.hc) else "torch"
     return StreamConnections(cfg.hc_streams, variant.make_layers(cfg), expand, reduce,
-                             getattr(variant, "param_groups", None), kernels)
+                             getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
+                             None if init is None else lambda sublayers: init(cfg, sublayers), kernels)
+
+
+def seed_free_init(cfg):
+    """{name: tensor} of the connection parameters whose start does not depend on the seed
+    (equal under two seeds; a random projection's is left out), as build(cfg) and
+    init_weights() give them."""
+    starts = []
+    for seed in (1, 2):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            conn = build(copy.deepcopy(cfg))
+            conn.init_weights()
+        starts.append(dict(conn.named_parameters()))
+    return {name: p.detach() for name, p in starts[0].items() if torch.equal(p, starts[1][name])}
+
+
+def sits_at_init(conn, cfg):
+    """Whether a model's connections (`conn`, a StreamConnections of config `cfg`) hold
+    exactly their start: every parameter whose start does not depend on the seed equals it.
+    Those with a random start are not compared (their start is the training run's RNG's):
+    a connection that learned moves its seed-free ones too (biases, scales, gates), since
+    an exactly zero gradient leaves AdamW's update at zero. None when it has no such
+    parameter (e.g. none at all)."""
+    start = seed_free_init(cfg)
+    if not start:
+        return None
+    params = dict(conn.named_parameters())
+    return all(torch.equal(params[name].detach().to(p.dtype).cpu(), p) for name, p in start.items())

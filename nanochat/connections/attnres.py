@@ -71,6 +71,8 @@ SPEC = dict(
     equals_prenorm_at_init=True,
     params=config_params,  # 2C per read, 2 * n_layer reads and the final one
     settings=lambda cfg: block_settings(cfg.attnres_block_size, 2 * cfg.n_layer),
+    order=80,
+    shared_fields=("hc_norm_weight",),
 )
 
 

@@ -5,12 +5,14 @@ stochastic from one softmax.
 
 In the HC frame, X_next = H_res @ X + H_post^T F(H_pre @ X), with
     H_res = sum_k c_k Pi^k,   c = (1 - gamma) e_0 + gamma softmax(z),   gamma = beta / (2 L)
-Pi the cyclic shift (stream t receives stream t - 1 mod n), L = n_layer (2L sub-layers),
-beta = `cmhc_beta` (the source's runs: 4, gamma = 1/6 at 12 layers). [ours] gamma is capped
-at 1 (no identity term left) for models shallower than beta / 2 layers, where beta / (2L)
-would not be a weight. A convex combination of permutations is doubly stochastic; the leak
-keeps H_res at least 1 - gamma on the diagonal, so products over depth do not collapse to
-the mean as Sinkhorn products can.
+Pi the cyclic shift (stream t receives stream t - 1 mod n), L the number of residual
+sub-layers (attention and MLP each count: L = 2 n_layer), beta = `cmhc_beta`. The source's
+code counts L so: its residual-layer count is twice the blocks (code/exp_train.py l.22) and
+gamma is 4 / (2 times that count) (l.88); its runs: beta = 4 at 6 blocks, gamma = 1/6 (1/12
+at 12 blocks). [ours] gamma is capped at 1 (no identity term left) for models shallower than
+beta / 4 blocks, where beta / (2L) would not be a weight. A convex combination of
+permutations is doubly stochastic; the leak keeps H_res at least 1 - gamma on the diagonal,
+so products over depth do not collapse to the mean as Sinkhorn products can.
 Coefficients (the source's map, in hc.HyperConnection): v = vec(X), h = a * (v / rms(v)) phi
 + b with phi (nC, 3n); H_pre = sigmoid, H_post = 2 sigmoid, z the res slice. The projection,
 the mixes and the HC options come from hc.HyperConnection.
@@ -39,14 +41,14 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.hc import HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import FAMILY_FIELDS, HyperConnection, layer_options, resolve_streams
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
 PHI_STD = 0.02  # times 1 / sqrt(nC): the source's init of phi
 FIELDS = {"cmhc_beta": 4.0}
-FIELD_HELP = {"cmhc_beta": "cmhc: leak beta >= 0 of H_res, gamma = min(1, beta / (2 * n_layer)) (0: H_res = I); "
-                           "the source's runs: 4"}
+FIELD_HELP = {"cmhc_beta": "cmhc: leak beta >= 0 of H_res, gamma = min(1, beta / (2 * sub-layers)), two sub-layers "
+                           "per block (0: H_res = I); the source's runs: 4"}
 FIELD_TYPES = {"cmhc_beta": nonneg_float()}
 
 
@@ -66,6 +68,8 @@ SPEC = dict(
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
+    shared_fields=FAMILY_FIELDS,
+    order=150,
 )
 
 
@@ -96,9 +100,9 @@ def resolve(cfg):
     beta = cfg.cmhc_beta
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < math.inf:
         raise ValueError(f"cmhc_beta={beta!r} must be a finite number >= 0 (the leak gamma = min(1, beta / "
-                         f"(2 * n_layer))); the source's runs used 4")
+                         f"(2 * sub-layers))); the source's runs used 4")
 
 
 def make_layers(cfg):
-    gamma = min(1.0, cfg.cmhc_beta / (2 * cfg.n_layer))
+    gamma = min(1.0, cfg.cmhc_beta / (2 * (2 * cfg.n_layer)))  # L = 2 * n_layer sub-layers, as the source
     return [CirculantLayer(j, cfg.hc_streams, cfg.n_embd, gamma, **layer_options(cfg)) for j in range(2 * cfg.n_layer)]

@@ -1,37 +1,61 @@
-"""Delta Attention Residuals, DAR (Luo, Cai & Hu, arXiv 2605.18855; code:
-github.com/wdlctc/delta-attention-residuals-code): Attention Residuals' depth read added to
-the residual stream instead of replacing it.
+"""Delta Attention Residuals, DAR (Luo, Cai & Hu, arXiv 2605.18855): Attention Residuals'
+depth read added to the residual stream instead of replacing it. Two sources, cited by file
+and line: the released code, github.com/wdlctc/delta-attention-residuals-code,
+`Attention-Residuals/modeling_qwen3_attnres.py` ("the release"), and hyper-connection-factory,
+github.com/wdlctc/hyper-connection-factory, `hcfactory/connections/depth_attention.py` ("the
+factory").
 
 Per sub-layer l, with h the residual stream and F_l the sub-layer with its own pre-norm:
     r_l = sum_i alpha_i v_i,  alpha = softmax_i(w_l . RMSNorm_g(v_i))   (attnres.DepthRead)
     h_{l+1} = h_l + F_l(h_l + g_l r_l)
+which is the release's mix (1 - g) h + g (h + r) (its `_apply_gate`, l.450-465, over
+`delta_attn_res`, which returns h + r). The first sub-layer has no source yet and reads x0
+itself, whatever the gate (the release returns the stream unchanged when it has no delta,
+l.264-268; the factory would feed x0 + g x0 there).
 Sources (`dar_source`):
-    full   v_0 = x0 and the output of every earlier sub-layer (Delta AttnRes);
-    block  v_0 = x0, then one delta per transformer block, Delta_b = h_end - h_start (the sum
-           of its attention and MLP outputs), and, at a block's MLP, the partial delta of its
-           block (Delta Block). [ours: a block is one transformer block, and the true delta
-           h_end - h_start, as hyper-connection-factory; the released code takes a recursive
-           difference.]
-Gates g_l (`dar_gate`): zero (a learned scalar from 0: exactly pre-norm at init, the factory's
-identity init), none (g = 1), sigmoid_scalar and sigmoid_vector (sigmoid of a learned scalar,
-or of one per channel, from 0: g = 1/2 at init [ours; the released code states no init]).
-Not built: the released code's `bias` gate (a recency bias on the last logit), its learnable
-null source and its `delta_v` mode (a separate read for the values).
+    full           v_0 = x0 and the output of every earlier sub-layer (Delta AttnRes; the
+                   release's `delta` mode, the factory's default).
+    block          v_0 = x0 and one delta per completed transformer block, Delta_b = h_end -
+                   h_start (Delta Block), as the factory reads it (l.134-146): both sub-layers
+                   of a block read the same sources, so its MLP does not see its own block's
+                   attention output. The release takes a recursive difference instead of the
+                   true delta (each new source is h minus the previous source, l.588-592)
+                   and adds it between a block's attention and its MLP; the factory's README
+                   notes the difference.
+    block_partial  [ours] block, and at a block's MLP also the partial delta of its own block
+                   (the attention output just computed): what this module did before the
+                   sources were checked against the factory.
+Gates g_l (`dar_gate`):
+    zero            a learned scalar from 0 (the factory's `zero`, the release's
+                    `learnable_alpha`): exactly pre-norm at init; the default.
+    none            g = 1 (the factory's `none`; the release's default `bias`, which in its
+                    delta modes adds r ungated: its recency bias belongs to the block AttnRes mode).
+    sigmoid_scalar  g = sigmoid(s), s a learned scalar from -2 (the release, l.399-402: g = 0.12
+                    at init).
+    sigmoid_vector  g = sigmoid(W h_l + b) per token and channel, W (C x C) = 0 and b = -2 at
+                    init (the release, l.403-410, applied at l.456-459): input-dependent, the
+                    gate reads the stream h_l itself.
+Not built: the release's learnable null source, its `delta_v` mode (a separate read for the
+values) and its other modes (pre-gated, first-layer, centred resets).
 Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The model's output is
-h itself (no final read). The sources sum to h, so that mean is h / N, and with the
-sub-layers' own weightless RMSNorm every gate form starts as pre-norm in this frame, to the
-norm's epsilon (hyper-connection-factory asserts it for the zero gate only). The first
-sub-layer reads x0 alone: its query and gain get no gradient (a softmax over one logit).
+h itself (no final read). With the full sources (and block_partial) the sources sum to h, so
+that mean is h / N and the sub-layer's weightless RMSNorm sees (1 + g / N) h: every gate
+starts as pre-norm in this frame, to the norm's epsilon. With the block sources a block's
+MLP reads the block's start, not h: only the zero gate starts as pre-norm there. The first
+sub-layer's query, gain and gate get no gradient (it reads no source), nor, with the block
+sources, the query and gain of the first block's MLP (a softmax over x0 alone); they are kept
+because the release has them and the paper counts them.
 
 Parameters: 2C per sub-layer (query and key gain, `hc_norm_weight` false drops the gain),
-plus 1 (zero, sigmoid_scalar) or C (sigmoid_vector) for the gate: 114,688 + gates at 28
+plus 1 (zero, sigmoid_scalar) or C^2 + C (sigmoid_vector) for the gate: 114,688 + gates at 28
 layers x 1024, the paper's 114K. State: the trunk's X is h; the sources (with their 1/rms)
-and the block's partial delta travel as the carry. Coefficients in fp32; r accumulates in
-fp32 (attnres.DepthRead) and rounds to the compute dtype, h + g r is summed in fp32 and
-rounds once more.
+and the current block's partial delta travel as the carry. Coefficients in fp32; r
+accumulates in fp32 (attnres.DepthRead) and rounds to the compute dtype, h + g r is summed in
+fp32 and rounds once more.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nanochat.connections import attnres
@@ -41,26 +65,28 @@ from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice
 
 OWN_STATE = "one stream and the earlier outputs it reads"  # not the HC family's n streams
-SOURCES = {"full": 1, "block": 2}  # sub-layers per source
+SOURCES = ("full", "block", "block_partial")
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
+GATE_LOGIT_INIT = -2.0  # the release's sigmoid gates: sigmoid(-2) = 0.12 at init
 FIELDS = {"dar_source": "full", "dar_gate": "zero"}
 FIELD_HELP = {
-    "dar_source": "dar: full (x0 and every sub-layer output) | block (x0 and one delta per transformer block)",
-    "dar_gate": "dar: zero (learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar | sigmoid_vector "
-                "(sigmoid of a learned scalar / per-channel vector from 0)",
+    "dar_source": "dar: full (x0 and every sub-layer output) | block (x0 and one delta per completed transformer "
+                  "block) | block_partial (ours: block, and at a block's MLP its own attention output)",
+    "dar_gate": "dar: zero (learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar (sigmoid of a "
+                "learned scalar from -2) | sigmoid_vector (sigmoid(W h + b), W = 0 and b = -2 at init)",
 }
 FIELD_TYPES = {"dar_source": choice(*SOURCES), "dar_gate": choice(*GATES)}
 
 
 def gate_params(gate, C):
-    return {"zero": 1, "none": 0, "sigmoid_scalar": 1, "sigmoid_vector": C}[gate]
+    return {"zero": 1, "none": 0, "sigmoid_scalar": 1, "sigmoid_vector": C * C + C}[gate]
 
 
 SPEC = dict(
     label="Delta AttnRes",
     description="attention residuals added to the residual stream: each sub-layer reads h plus a gated softmax mix "
                 "of the embedding and earlier outputs (or block deltas)",
-    source="arXiv 2605.18855",
+    source="arXiv 2605.18855; github.com/wdlctc/delta-attention-residuals-code",
     state="single",
     has_h_res=False,
     in_paper=False,
@@ -69,42 +95,87 @@ SPEC = dict(
                                           + gate_params(cfg.dar_gate, cfg.n_embd)),
     baseline="prenorm",
     settings=lambda cfg: f"{cfg.dar_source} sources, {cfg.dar_gate} gate",
+    order=140,
+    shared_fields=("hc_norm_weight",),
 )
 
 
-class DeltaLayer(ConnectionLayer):
-    """The read before sub-layer `index`; `block_start` where a source's span begins there."""
+class DeltaGate(nn.Module):
+    """g_l of one sub-layer in the compute dtype of h (see the module docstring), for every
+    form but `none`."""
 
-    def __init__(self, index, C, span, gate, norm_weight=True):
+    def __init__(self, form, C):
         super().__init__()
-        self.block_start = index % span == 0
+        self.form = form
+        if form == "sigmoid_vector":
+            self.weight = nn.Parameter(torch.empty(C, C))  # (out, in), as nn.Linear
+            self.bias = nn.Parameter(torch.empty(C))
+        else:
+            self.logit = nn.Parameter(torch.empty(1))
+
+    @torch.no_grad()
+    def init_weights(self):
+        if self.form == "sigmoid_vector":
+            self.weight.zero_()
+            self.bias.fill_(GATE_LOGIT_INIT)
+        else:
+            self.logit.fill_(0.0 if self.form == "zero" else GATE_LOGIT_INIT)
+
+    def forward(self, h):
+        """g, broadcastable against h (B, T, C) in h's dtype."""
+        if self.form == "sigmoid_vector":
+            return torch.sigmoid(F.linear(h, self.weight.to(h.dtype), self.bias.to(h.dtype)))
+        g = self.logit.to(h.dtype)
+        return torch.sigmoid(g) if self.form == "sigmoid_scalar" else g
+
+
+class DeltaLayer(ConnectionLayer):
+    """The read before sub-layer `index`. `block_start`: the sources gain the span that ended
+    before it (every sub-layer for the full sources, block starts otherwise);
+    `own_partial`: a block's MLP also reads its own block's partial delta (block_partial)."""
+
+    def __init__(self, index, C, source, gate, norm_weight=True):
+        super().__init__()
+        self.index = index
+        self.block_start = source == "full" or index % 2 == 0
+        self.own_partial = source == "block_partial"
         self.read = attnres.DepthRead(C, norm_weight)
-        self.gate_form = gate
-        self.gate = None if gate == "none" else nn.Parameter(torch.empty(C if gate == "sigmoid_vector" else 1))
+        self.gate = None if gate == "none" else DeltaGate(gate, C)
         self.capture = None  # a dict while StreamConnections.capture() is active
 
     @torch.no_grad()
     def init_weights(self):
         self.read.init_weights()
         if self.gate is not None:
-            self.gate.zero_()
+            self.gate.init_weights()
 
-    def gate_value(self, dtype):
-        g = self.gate.to(dtype)
-        return torch.sigmoid(g) if self.gate_form.startswith("sigmoid") else g
+    def branch_input(self, h, sources, x0=None):
+        """h + g r in fp32, rounded once to h's dtype; h + g (r - x0) when given x0."""
+        r, alpha = self.read(sources)
+        if x0 is not None:
+            r = r - x0
+        if self.capture is not None:
+            record_reads(self.capture, h.unsqueeze(-2), alpha)
+        with no_autocast(h):
+            h32, r32 = h.to(coefficient_dtype(h)), r.to(coefficient_dtype(h))
+            u = h32 + (r32 if self.gate is None else self.gate(h32) * r32)
+        return u.to(h.dtype)
 
     def step(self, X, branch, x0, carry):
         h = X.squeeze(-2)
         closed, partial = carry if carry is not None else ([attnres.source(x0)], None)
         if self.block_start and partial is not None:
             closed, partial = [*closed, attnres.source(partial)], None
-        r, alpha = self.read(closed if partial is None else [*closed, attnres.source(partial)])
-        if self.capture is not None:
-            record_reads(self.capture, X, alpha)
-        with no_autocast(h):
-            dtype = coefficient_dtype(h)
-            u = h.to(dtype) + (r.to(dtype) if self.gate is None else self.gate_value(dtype) * r.to(dtype))
-        y = branch(u.to(h.dtype))
+        if self.index == 0:
+            # No source yet: the first sub-layer reads h (= x0) itself. Its read over x0 alone is
+            # x0 exactly (a softmax over one logit is 1), so r - x0 is an exact zero that keeps
+            # its query, gain and gate in the graph with a zero gradient: the distributed
+            # optimizer needs a gradient for every parameter.
+            u = self.branch_input(h, closed, x0=closed[0][0])
+        else:
+            u = self.branch_input(h, closed if partial is None or not self.own_partial
+                                  else [*closed, attnres.source(partial)])
+        y = branch(u)
         partial = y if partial is None else partial + y
         return (h + y).unsqueeze(-2), (closed, partial)
 
@@ -119,5 +190,5 @@ def resolve(cfg):
 
 
 def make_layers(cfg):
-    span = SOURCES[cfg.dar_source]
-    return [DeltaLayer(j, cfg.n_embd, span, cfg.dar_gate, cfg.hc_norm_weight) for j in range(2 * cfg.n_layer)]
+    return [DeltaLayer(j, cfg.n_embd, cfg.dar_source, cfg.dar_gate, cfg.hc_norm_weight)
+            for j in range(2 * cfg.n_layer)]

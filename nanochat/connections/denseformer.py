@@ -108,4 +108,5 @@ SPEC = dict(
     params=dwa_params,
     bench_layer=1,  # the first block end: its average
     settings=lambda cfg: f"dilation {cfg.dwa_dilation}, period {cfg.dwa_period}",
+    order=100,
 )

@@ -60,6 +60,8 @@ SPEC = dict(
     equals_prenorm_at_init=True,  # W = 0, B = 1, Y = A = I: X + F(X)
     params=config_params,
     stream_symbol="m",
+    order=70,
+    shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
 )
 
 

@@ -70,6 +70,8 @@ SPEC = dict(
     params=lambda cfg: model_params(cfg.hc_streams, cfg.n_embd, 2 * cfg.n_layer, cfg.gated_rank, cfg.hc_norm_weight),
     baseline="prenorm",
     settings=lambda cfg: f"rank {cfg.gated_rank}",
+    order=160,
+    shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
 )
 
 

@@ -50,6 +50,7 @@ SPEC = dict(
     in_paper=False,
     settings=lambda cfg: f"s={cfg.hc_go_s}",
     baseline="mhc",  # it replaces mHC's Sinkhorn
+    order=60,
 )
 # The variant's own config field and its default: other variants refuse another value.
 FIELDS = {"hc_go_s": DEFAULT_GO_S}

@@ -62,10 +62,14 @@ ALPHA_INIT = 0.01
 # Res bias on the non-identity entries / permutations of the constrained variants (paper:
 # b_res = [0, -8]): H_res starts within a few e^-8 of the identity.
 OFF_IDENTITY_BIAS = -8.0
+# The frame's config fields that shape every variant built on HyperConnection (its streams,
+# its norm weight, recompute and kernels, the HC options).
+FAMILY_FIELDS = ("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels", "hc_expand", "hc_lss_init", "hc_reduce",
+                 "hc_pre")
 # What every variant built on HyperConnection declares alike (spec.py): the n streams, an
 # H_res, and the family's parameter and stream-pass counts (diagnostics.py).
 FAMILY_SPEC = dict(state="streams", has_h_res=True, equals_prenorm_at_init=False, params=config_params,
-                   stream_flops=config_stream_flops)
+                   stream_flops=config_stream_flops, shared_fields=FAMILY_FIELDS)
 
 SPEC = dict(
     FAMILY_SPEC,
@@ -74,6 +78,7 @@ SPEC = dict(
     source="arXiv 2409.19606 (in the KromHC paper's appendix form)",
     in_paper=False,
     beside_paper=True,
+    order=10,
 )
 
 

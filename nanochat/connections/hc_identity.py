@@ -10,6 +10,7 @@ SPEC = dict(
     source="nanochat-hc (an ablation of arXiv 2409.19606)",
     in_paper=False,
     beside_paper=True,
+    order=20,
 )
 __all__ = ["SPEC", "resolve", "make_layers"]
 

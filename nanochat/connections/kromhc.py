@@ -28,6 +28,7 @@ SPEC = dict(
     in_paper=True,
     settings=lambda cfg: (f"factors {' x '.join(map(str, cfg.hc_factors))}"
                           + ("" if cfg.hc_alpha_shared else ", one alpha_res per factor")),
+    order=50,
 )
 # The variant's own config fields and their defaults: other variants refuse other values.
 FIELDS = {"hc_factors": [], "hc_alpha_shared": True}

@@ -59,6 +59,7 @@ SPEC = dict(
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.laurel_form, cfg.laurel_rank, cfg.n_embd),
     baseline="prenorm",
     settings=lambda cfg: cfg.laurel_form + ("" if cfg.laurel_form == "rw" else f", rank {cfg.laurel_rank}"),
+    order=120,
 )
 
 

@@ -50,6 +50,8 @@ SPEC = dict(
     params=lambda cfg: (2 * cfg.n_layer + 1) * attnres_read_params(cfg.n_embd, cfg.hc_norm_weight),
     baseline="prenorm",
     settings=lambda cfg: f"{cfg.mhar_heads} heads",
+    order=130,
+    shared_fields=("hc_norm_weight",),
 )
 
 

@@ -19,6 +19,8 @@ SPEC = dict(
     description="n streams, H_res made approximately doubly stochastic by Sinkhorn-Knopp",
     source="arXiv 2512.24880",
     in_paper=True,
+    shared_fields=FAMILY_SPEC["shared_fields"] + ("hc_sk_iters",),
+    order=30,
 )
 
 

@@ -20,6 +20,7 @@ SPEC = dict(
     description="n streams, H_res a softmax-weighted sum of all n! permutation matrices (exactly doubly stochastic)",
     source="arXiv 2601.05732",
     in_paper=True,
+    order=40,
 )
 
 

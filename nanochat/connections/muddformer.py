@@ -176,4 +176,5 @@ SPEC = dict(
     params=mudd_params,
     bench_layer=1,  # the first block end: its dense connection
     settings=lambda cfg: "PrePostDANorm" if cfg.mudd_prepost_norm else "plain (no PrePostDANorm)",
+    order=110,
 )

@@ -20,6 +20,7 @@ SPEC = dict(
     in_paper=False,
     equals_prenorm_at_init=True,
     params=lambda cfg: 0,
+    order=90,
 )
 
 

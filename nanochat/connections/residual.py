@@ -28,6 +28,7 @@ SPEC = dict(
     in_paper=True,
     equals_prenorm_at_init=True,  # l_resid = 1, l_x0 = 0
     params=config_params,  # 2 scalars per block
+    order=0,
 )
 
 

@@ -31,13 +31,26 @@ and may add, with these defaults:
                             paper" section (its nearest relative: go-mHC's is mHC)
     settings=None           cfg -> a short phrase on the variant's own settings (e.g. KromHC's
                             factors), for the training log, hc_report and the model card
+    shared_fields=()        the frame's config fields (GPTConfig's hc_*, beside its own FIELDS)
+                            that shape it, e.g. hc_streams, hc_norm_weight: with its FIELDS,
+                            the settings the model card lists (own_settings)
+    sublayer_prenorm=True   the model's branches norm their input, u -> F(norm(u)); False: the
+                            wiring calls the raw sub-layer u -> F(u) and norms where its math
+                            says (post-norm, ReZero)
+    order=None              where tables, reports and the registry list it: by this number,
+                            then by name; None: after every numbered one (the wirings so far
+                            are numbered in tens, so a new one can sit between two)
 
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
 per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
-default: from the default's type).
+default: from the default's type), and `init_sublayers(cfg, sublayers)`: the start values its
+sub-layers need, set after the model's own init (the attention and MLP modules in branch
+order; e.g. non-zero output projections where the wiring's own start would block every
+gradient).
 """
 
+import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Callable
 
@@ -61,6 +74,9 @@ class Spec:
     stream_symbol: str = "n"
     baseline: str = "residual"
     settings: Callable | None = None
+    shared_fields: tuple = ()
+    sublayer_prenorm: bool = True
+    order: float | None = None
 
     @property
     def streams(self):
@@ -73,6 +89,12 @@ class Spec:
 
 REQUIRED = tuple(f.name for f in fields(Spec) if f.default is MISSING and f.name != "name")
 OPTIONAL = tuple(f.name for f in fields(Spec) if f.name not in REQUIRED and f.name != "name")
+
+
+def listed_order(name, module):
+    """The sort key of a wiring in the registry: its SPEC `order` (unnumbered last), then its name."""
+    order = getattr(module, "SPEC", {}).get("order")
+    return (math.inf if order is None else order, name)
 
 
 class SpecError(ValueError):
@@ -95,11 +117,17 @@ def spec_of(name, module):
                         f"{', '.join(REQUIRED + OPTIONAL)}")
     if raw["state"] not in STATES:
         raise SpecError(f"{where}: SPEC state={raw['state']!r}; choose one of {', '.join(STATES)}")
+    if raw.get("order") is not None and (isinstance(raw["order"], bool) or not isinstance(raw["order"], (int, float))):
+        raise SpecError(f"{where}: SPEC order={raw['order']!r} must be a number (where tables list it)")
+    if not isinstance(raw.get("sublayer_prenorm", True), bool):
+        raise SpecError(f"{where}: SPEC sublayer_prenorm={raw['sublayer_prenorm']!r} must be True or False")
     if not callable(raw["params"]):
         raise SpecError(f"{where}: SPEC params must be a function of the config (cfg -> int)")
     for hook in ("resolve", "make_layers"):
         if not callable(getattr(module, hook, None)):
             raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
+    if hasattr(module, "init_sublayers") and not callable(module.init_sublayers):
+        raise SpecError(f"{where}: init_sublayers must be a function (cfg, sublayers) -> None")
     own = getattr(module, "FIELDS", {})
     helps = getattr(module, "FIELD_HELP", {})
     undocumented = [f for f in own if f not in helps]

@@ -19,6 +19,9 @@ wrappers' `configuration_<type>.py` / `modeling_<type>.py`).
 transformers' loader finds the files to copy (or to download from the Hub) by scanning for
 `from .name import` lines and does not follow `from . import name` (a module object): each
 such import is followed by a `from .name import __name__` line that names the file.
+A package that finds its submodules at import time (the connections' registry lists its
+package) has no package to list in the flat copy: `discovered` names, per such module, the
+submodules it found, and they are written into its flat file as plain imports after its own.
 `check_imports` refuses a file importing anything but torch, transformers and the standard
 library: the loader refuses to load a file whose imports are missing, even a lazy one.
 """
@@ -95,14 +98,31 @@ def _relative_imports(node, base, package, names):
     return lines, needed
 
 
-def rewrite(module, package=PACKAGE, names=None):
+def _module_object_imports(modules, package, names):
+    """The lines that import each of `modules` (submodules of one package) as a module object
+    bound to its own name, as _relative_imports writes them."""
+    lines = []
+    for module in modules:
+        flat, bound = flat_name(module, package, names), module.rpartition(".")[2]
+        lines.append(f"from . import {flat}" + ("" if flat == bound else f" as {bound}") + "\n")
+        lines.append(f"from .{flat} import __name__ as _  # names {flat}.py for transformers' loader\n")
+    return lines
+
+
+def rewrite(module, package=PACKAGE, names=None, discovered=None):
     """(module's source with its imports of `package` made relative, the modules of the
-    package it imports)."""
+    package it imports); `discovered` (the submodules it finds at import time) become plain
+    imports after its last top-level import."""
     path = _source(module)
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     needed, replacements = [], []
-    for node in ast.walk(ast.parse(source, filename=str(path))):
+    tree = ast.parse(source, filename=str(path))
+    if discovered:
+        last = max(node.end_lineno for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
+        replacements.append((last, last - 1, _module_object_imports(discovered, package, names)))
+        needed += discovered
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(_ours(a.name, package) for a in node.names):
             raise AssemblyError(f"{path}:{node.lineno}: `import {node.names[0].name}` cannot be exported; write it "
                                 f"as `from {package}... import ...`")
@@ -123,9 +143,10 @@ def rewrite(module, package=PACKAGE, names=None):
     return "".join(lines), needed
 
 
-def assemble(entries, out_dir, package=PACKAGE, names=None):
+def assemble(entries, out_dir, package=PACKAGE, names=None, discovered=None):
     """Write the entry modules and every module of `package` they import, transitively,
-    into out_dir as flat files. Returns {file name: module}."""
+    into out_dir as flat files; `discovered`: {module: [submodules it finds at import time]}.
+    Returns {file name: module}."""
     written, queue = {}, list(entries)
     while queue:
         module = queue.pop(0)
@@ -134,7 +155,7 @@ def assemble(entries, out_dir, package=PACKAGE, names=None):
         file_name = flat_name(module, package, names) + ".py"
         if file_name in written:
             raise AssemblyError(f"{module} and {written[file_name]} would both be exported as {file_name}")
-        source, needed = rewrite(module, package, names)
+        source, needed = rewrite(module, package, names, (discovered or {}).get(module))
         (Path(out_dir) / file_name).write_text(source, encoding="utf-8")
         written[file_name] = module
         queue += needed

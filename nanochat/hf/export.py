@@ -82,7 +82,14 @@ def check_variant_ships(name):
     if not where.startswith("nanochat."):
         raise ValueError(f"hc={name!r} is registered from outside the nanochat package ({where or type(module).__name__})"
                          f" and an export carries only nanochat's modules; move its module into nanochat/connections/ "
-                         f"and add it to VARIANTS there")
+                         f"(it registers itself there)")
+
+
+def discovered_modules():
+    """What the registry finds by listing its package, which its flat copy is not: the
+    wiring modules, for assemble()."""
+    return {connections.__name__: [m.__name__ for m in connections.VARIANTS.values()
+                                   if m.__name__.startswith("nanochat.")]}
 
 
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
@@ -111,7 +118,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export."))
     try:
         hf_model.save_pretrained(staging)
-        files = assemble(ENTRY_MODULES, staging, names=ENTRY_MODULES)
+        files = assemble(ENTRY_MODULES, staging, names=ENTRY_MODULES, discovered=discovered_modules())
         check_imports(staging, files)
         export_tokenizer(tokenizer_dir, tokenizer, staging, model_max_length=model.config.sequence_len)
         card = model_card(run_dir, model.config, step, counts, meta["settings"]["total_batch_size"],

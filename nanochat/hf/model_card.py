@@ -7,8 +7,6 @@ Every number comes from the run directory (read with the report's own readers); 
 file holds is shown as a dash, never guessed.
 """
 
-import dataclasses
-
 from nanochat import connections
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import core_score, load_run, train_loss, val_bpb
@@ -25,6 +23,15 @@ def _variant_line(config):
     if spec.settings:
         line += f"{',' if spec.streams else ''} {spec.settings(config)}"
     return line + f" ({spec.label}, {spec.source}: {spec.description})"
+
+
+def without_other_wirings(config_toml, hc):
+    """The run's config.toml less the keys of other wirings' own fields (every flag is written,
+    theirs at their defaults, which the run's wiring never reads)."""
+    other = {name for name, (*_, owner) in connections.variant_fields().items()
+             if connections.VARIANTS.get(owner) is not connections.VARIANTS.get(hc)}
+    return "".join(line for line in config_toml.splitlines(keepends=True)
+                   if line.split("=", 1)[0].strip() not in other)
 
 
 def _yaml_header(run, config):
@@ -69,10 +76,12 @@ def model_card(run_dir, config, exported_step, counts, tokens_per_step, repo_nam
     final_step = (run.summary or {}).get("step")
     corpus = (run.corpus or {}).get("description", "unknown (the run has no corpus.json)")
     config_toml = (run.path / "config.toml").read_text() if (run.path / "config.toml").is_file() else None
+    if config_toml:
+        config_toml = without_other_wirings(config_toml, config.hc)
     overview = [
         ("residual connection", _variant_line(config)),
-        ("connection settings", ", ".join(f"`{f.name}={getattr(config, f.name)}`" for f in dataclasses.fields(config)
-                                          if f.name.startswith("hc_"))),
+        ("connection settings", ", ".join(f"`{name}={value}`" for name, value in connections.own_settings(config).items())
+         or "none (the wiring has no settings)"),
         ("layers / width / heads", f"{config.n_layer} / {config.n_embd} / {config.n_head} ({config.n_kv_head} kv)"),
         ("value embeddings", "on (alternating layers)" if config.value_embeds else "off"),
         ("parameters", f"{counts['total']:,} total, {counts['non_embedding']:,} non-embedding, "
@@ -110,7 +119,8 @@ print(tokenizer.decode(out[0], skip_special_tokens=True))
         "tasks add `add_bos_token=False`, or lm-eval's hf model scores `<|bos|>` twice.",
         "## Training configuration",
         *([f"`python -m scripts.base_train --config config.toml` in {REPOSITORY} with this `config.toml` "
-           "(the run's resolved settings, every flag):", f"```toml\n{config_toml.strip()}\n```"]
+           "(the run's resolved settings, every flag but other wirings' own fields, which keep their defaults):",
+           f"```toml\n{config_toml.strip()}\n```"]
           if config_toml else ["The run directory holds no config.toml: its settings are unknown."]),
     ]
     return "\n\n".join(parts) + "\n"

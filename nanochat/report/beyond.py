@@ -50,9 +50,11 @@ def counterpart(run, runs):
                 and o.depth == run.depth and o.n == run.n and o.alpha_shared == run.alpha_shared
                 and (run.variant != "kromhc" or same_factors(o, run))]
     else:
+        # the declared baseline in its own plain configuration, whichever table it belongs to
+        # (pre-norm is itself a run beyond the paper)
         base = connections.spec(run.variant).baseline if run.variant in connections.VARIANTS else "residual"
-        same = [o for o in runs if o.found and not beyond_paper(o) and o.variant == base and o.depth == run.depth
-                and (base == "residual" or o.n == run.n)]
+        same = [o for o in runs if o.found and not o.options and o.variant == base and o.depth == run.depth
+                and (not connections.spec(base).streams or o.n == run.n)]
     return sorted(same, key=method_order)[0] if same else None
 
 

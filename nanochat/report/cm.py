@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from nanochat import compute_multiplier as cm
 from nanochat.report.compute import spend_of, tag_of
 from nanochat.report.runs import seed_groups
-from nanochat.report.stats import geomean, holm
+from nanochat.stats import geomean, holm
 
 BASELINE_LABEL = "residual"
 

@@ -1,0 +1,132 @@
+"""A wiring that cannot learn does not train silently: base_train warns in one line when every
+connection parameter got an exactly zero gradient in the first step after an update (ReZero's
+alpha = 0 written naively, in front of nanochat's zero output projections), and hc_report says
+so of a checkpoint whose connection parameters sit exactly at their start."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanochat import checkpoint, connections
+from nanochat.gpt import GPTConfig, build_model
+from scripts import hc_report
+from nanochat.optim import build_optimizer
+from scripts.base_train import connection_grad_norm, dead_connections
+from test_gpt import randomize
+from wiring_checks import tokens
+from test_train_e2e import REPO, TINY, base, env_for  # noqa: F401 (a fixture)
+
+WARNING = "warning: every connection parameter"
+# base_train with a wiring registered in the process: x + alpha F(x) per sub-layer with alpha
+# from 0 and the model's zero output projections, so that neither gets a gradient.
+NAIVE_REZERO = """
+import sys, types, torch
+from nanochat import connections
+from nanochat.cli import run
+from nanochat.connections.trunk import ConnectionLayer
+from scripts import base_train
+
+
+class ScaledLayer(ConnectionLayer):
+    def __init__(self):
+        super().__init__()
+        self.alpha = torch.nn.Parameter(torch.empty(1))
+
+    def init_weights(self):
+        self.alpha.data.zero_()
+
+    def step(self, X, branch, x0, carry):
+        return X + self.alpha * branch(X.squeeze(-2)).unsqueeze(-2), carry
+
+
+module = types.ModuleType("naive_rezero")
+module.SPEC = dict(label="naive ReZero", description="x + alpha F(x), alpha from 0", source="tests", state="single",
+                   has_h_res=False, in_paper=False, equals_prenorm_at_init=False, params=lambda cfg: 2 * cfg.n_layer)
+module.resolve = lambda cfg: setattr(cfg, "hc_streams", 1)
+module.make_layers = lambda cfg: [ScaledLayer() for _ in range(2 * cfg.n_layer)]
+connections.VARIANTS["naive_rezero"] = module
+sys.argv[0] = "base_train"
+run(lambda: base_train.main(sys.argv[1:]))
+"""
+
+
+def test_the_warning_is_for_an_exactly_zero_connection_gradient_only():
+    line = dead_connections(0.0, "rezero", 0)
+    assert line.startswith(WARNING) and "hc='rezero'" in line and "\n" not in line and "init_sublayers" in line
+    assert dead_connections(1e-30, "rezero", 0) is None
+    assert dead_connections(None, "prenorm", 0) is None  # no connection parameter at all
+
+
+@pytest.mark.slow
+def test_base_train_warns_once_after_the_first_step_of_a_wiring_that_cannot_learn(base):  # noqa: F811
+    """The first gradient after an optimizer step decides (step 1): in step 0 the zero output
+    projections leave HC and the residual scalars without a gradient too, which is no warning."""
+    args = [*TINY, "--num-iterations", "3", "--model-tag"]
+    dead = subprocess.run([sys.executable, "-c", NAIVE_REZERO, *args, "naive", "--hc", "naive_rezero"], cwd=REPO,
+                          env=env_for(base), capture_output=True, text=True, timeout=300)
+    assert dead.returncode == 0, dead.stderr[-3000:]
+    lines = [line for line in dead.stdout.splitlines() if line.startswith(WARNING)]
+    assert len(lines) == 1 and "in step 1" in lines[0], dead.stdout[-3000:]
+    for hc in ("hc_identity", "residual"):
+        alive = subprocess.run([sys.executable, "-m", "scripts.base_train", *args, hc, "--hc", hc], cwd=REPO,
+                               env=env_for(base), capture_output=True, text=True, timeout=300)
+        assert alive.returncode == 0 and WARNING not in alive.stdout, (hc, alive.stdout[-2000:])
+    records = [json.loads(line) for line in (Path(base) / "runs" / "hc_identity" / "metrics.jsonl").open()]
+    first = next(r for r in records if r["kind"] == "train" and r["step"] == 0)
+    assert first["hc_grad_norm"] == 0.0  # step 0: no branch output yet, and no warning for it
+
+
+@pytest.mark.parametrize("hc", list(connections.VARIANTS))
+def test_no_registered_wiring_has_a_zero_gradient_after_one_update(hc):
+    """What base_train checks, with its optimizer and groups: after one update every wiring
+    with parameters has a connection gradient (the warning never fires for ours)."""
+    model = tiny(hc, seed=0)
+    optimizer = build_optimizer(model.param_groups(), world_size=1)
+    idx = tokens()
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        model(idx[:, :-1], idx[:, 1:]).backward()
+        optimizer.step(measure_grad_norm=True)
+    assert dead_connections(connection_grad_norm(optimizer.grad_norms), hc, 1) is None
+
+
+def save(run_dir, model, step=10):
+    """A run directory holding `model` as the checkpoint of `step`."""
+    meta = {"step": step, "model_config": dataclasses.asdict(model.config), "world_size": 1,
+            "settings": {"depth": model.config.n_layer, "hc": model.config.hc, "total_batch_size": 1024, "seed": 0}}
+    checkpoint.save_rank_files(run_dir, step, 0, {}, model_state=model.state_dict(), meta=meta)
+    checkpoint.mark_latest(run_dir, step)
+
+
+def tiny(hc, seed, **fields):
+    torch.manual_seed(seed)
+    return build_model(GPTConfig(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=64, hc=hc,
+                                 **fields), "cpu")
+
+
+@pytest.mark.parametrize("hc", ["cmhc", "kromhc", "dar"])
+def test_hc_report_says_when_the_connections_sit_at_their_start(tmp_path, capsys, hc):
+    """C-mHC's projection starts random (another seed here than the 'run's'): its seed-free
+    parameters decide. The body moved alone still warns; the connections moved do not."""
+    at_start = randomize(tiny(hc, seed=3), seed=1)
+    with torch.no_grad():
+        at_start.connections.init_weights()
+    trained = randomize(tiny(hc, seed=3), seed=1)
+    for name, model in (("at_start", at_start), ("trained", trained)):
+        save(tmp_path / name, model)
+        hc_report.main(["--checkpoint", str(tmp_path / name), "--random-tokens", "--device-type", "cpu",
+                        "--batch-size", "2"])
+        warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+        assert len(warned) == (name == "at_start") and all("sits exactly at its start" in w for w in warned), name
+
+
+def test_only_seed_free_starts_are_compared():
+    cfg = tiny("cmhc", seed=0).config
+    start = connections.seed_free_init(cfg)
+    assert start and not any(name.endswith(".weight") and p.dim() == 2 for name, p in start.items())  # phi is random
+    assert connections.sits_at_init(tiny("prenorm", seed=0).connections, tiny("prenorm", 0).config) is None
