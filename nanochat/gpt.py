@@ -541,10 +541,14 @@ class GPT(nn.Module):
                 return block.mlp(pre(u))
 
             branches += [attn_branch, mlp_branch]
-        x = norm(self.connections(x0, branches))
+        x = self.connections(x0, branches)
         if kv_cache is not None:
             kv_cache.pos += T
-        logits = self.lm_head(x)[..., :self.config.vocab_size]
+        return self.head(x, targets, loss_reduction)
+
+    def head(self, x, targets=None, loss_reduction="mean"):
+        """The folded state (B, T, C) -> softcapped logits, or the loss against `targets`."""
+        logits = self.lm_head(norm(x))[..., :self.config.vocab_size]
         # The softcap and the loss in fp32 at least (nanochat's .float()), fp64 in an fp64 model.
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         logits = 15 * torch.tanh(logits / 15)
@@ -553,6 +557,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
                                ignore_index=-1, reduction=loss_reduction).view(
             () if loss_reduction == "mean" else targets.shape)
+
+    def compile_regions(self):
+        """torch.compile each repeated region rather than the model whole: every sub-layer
+        (attention, MLP), every connection layer's step (StreamConnections.compile_regions) and
+        the head. A region's code is the same at every depth, so dynamo compiles it once per
+        distinct setting (attention: window and value-embedding gate; a connection layer: its
+        variant) and every layer reuses it: compile time no longer grows with the depth. What
+        crosses regions (the trunk's loop, the branches' input norms) runs eagerly."""
+        for block in self.transformer.h:
+            block.attn.compile(dynamic=False)
+            block.mlp.compile(dynamic=False)
+        self.connections.compile_regions()
+        self.head = torch.compile(self.head, dynamic=False)
 
     def activation_dtype(self, idx):
         """The dtype activations will have: autocast's when active, else the embedding's."""
@@ -605,6 +622,20 @@ class EagerSteps:
 
     def step(self, ids, cache):
         return self.model(ids, kv_cache=cache)
+
+
+COMPILE_MODES = ("whole", "regional")
+
+
+def compiled(model, mode="whole"):
+    """What a training step calls: the model compiled whole (one graph: dynamo unrolls every
+    layer), or regionally (GPT.compile_regions: each repeated region once), the model itself."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if mode == "whole":
+        return torch.compile(model, dynamic=False)
+    model.compile_regions()
+    return model
 
 
 def model_config_from_depth(depth, vocab_size, sequence_len, aspect_ratio=64, head_dim=128,

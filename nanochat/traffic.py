@@ -279,6 +279,25 @@ def _op_key(node):
     return node.target.name(), tuple(map(describe, torch.utils._pytree.tree_leaves((node.args, node.kwargs))))
 
 
+@contextlib.contextmanager
+def weight_grad_split_at_d12():
+    """Within: the fused weight gradient splits its tokens as it would at D12's token count
+    (the splits past the tokens present add nothing), so that its partial sums, a fixed cost
+    per launch, are counted at their D=12 size when an op runs at COUNT_TOKENS."""
+    from nanochat.connections import fused
+    real = fused.weight_grad_grid
+
+    def grid(N, D):
+        (d_blocks, splits), per_split, block_d = real(D12["tokens"], D)
+        return (d_blocks, splits), per_split, block_d
+
+    fused.weight_grad_grid = grid
+    try:
+        yield
+    finally:
+        fused.weight_grad_grid = real
+
+
 class OpCosts:
     """Bytes of each custom-op call at D12's token count, measured once per distinct call
     (op, argument shapes and values) at COUNT_TOKENS and extended along the tokens."""
@@ -295,7 +314,7 @@ class OpCosts:
             points = []
             for tokens in COUNT_TOKENS:
                 args, kwargs = _real_args(node, tokens)
-                with counting() as count:
+                with counting() as count, weight_grad_split_at_d12():
                     fn(*args, **kwargs)
                 points.append((count.triton + count.torch, count.issued))
             (b1, i1), (b2, i2) = points

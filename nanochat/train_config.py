@@ -61,6 +61,9 @@ FLAGS = [
      "seed that shuffles the order of the training data's row groups "
      "(-1: nanochat's fixed order, files and row groups in sequence)"),
     ("compile", boolean, None, "torch.compile the model (default: on for CUDA, off elsewhere)"),
+    ("compile_mode", choice("whole", "regional"), "whole",
+     "with compile: the model whole (one graph) or regionally (each repeated sub-layer, connection layer and the "
+     "head compiled once: faster to compile; docs/kernels.md)"),
     ("data_dir", existing_dir, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
     ("vocab_size", nonneg_int(), 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
     # model
@@ -160,7 +163,7 @@ FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS}
 # evaluation cadence only, never the trajectory of the weights.
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
-                     "keep_checkpoints", "hc_stats_every", "compile", "device_type", "data_dir", "hc_kernels",
+                     "keep_checkpoints", "hc_stats_every", "compile", "compile_mode", "device_type", "data_dir", "hc_kernels",
                      "save_on_signal", "dist_timeout", "device_batch_size"}
 
 

@@ -39,7 +39,7 @@ from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, fused, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
-from nanochat.gpt import attention_backend, build_model  # noqa: E402
+from nanochat.gpt import attention_backend, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml,  # noqa: E402
                                    model_config_for, num_iterations_for, parse_args, settings)
@@ -326,7 +326,7 @@ def main(argv=None):
         model.load_state_dict(ckpt.load_model_state(run_dir, start_step, device), strict=True)
     orig_model = model
     if use_compile:
-        model = torch.compile(model, dynamic=False)
+        model = compiled(model, args.compile_mode)
 
     counts = orig_model.param_counts()
     flops_per_token = orig_model.estimate_flops()

@@ -93,7 +93,7 @@ from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_i
 from nanochat.common import device_name, single_gpu_device, synchronize, text_table
 from nanochat.connections.hc import PRES
 from nanochat.connections.ops import KERNELS
-from nanochat.gpt import GPTConfig, build_model
+from nanochat.gpt import COMPILE_MODES, GPTConfig, build_model, compiled
 from scripts import bench_infer, bench_profile, bench_traffic
 
 VARIANTS = tuple(connections.VARIANTS)
@@ -147,6 +147,9 @@ def build_parser():
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="compute dtype: auto = bf16 (autocast) on CUDA, fp32 on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile (dynamic=False) the layer / model")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="whole",
+                   help="with --compile, the model whole (one graph) or regionally (each repeated sub-layer, "
+                        "connection layer and the head once: GPT.compile_regions); default whole")
     p.add_argument("--threads", type=positive_int(), default=1,
                    help="torch.set_num_threads (default 1: steadier CPU timings on a shared machine)")
     p.add_argument("--warmup", type=nonneg_int(), default=3, help="untimed steps per variant (default 3)")
@@ -270,7 +273,7 @@ def model_case(args, variant, recompute, device, dtype, autocast, kernels="torch
     g = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)
     targets = torch.randint(0, args.vocab_size, (args.batch, args.seq_len), device=device, generator=g)
-    run = torch.compile(model, dynamic=False) if args.compile else model
+    run = compiled(model, args.compile_mode) if args.compile else model
 
     def forward():
         with autocast:
@@ -369,11 +372,13 @@ def add_ratios(rows):
 
 
 def compiled_kernels(case):
-    """Kernels Inductor generates for the case's first step (its forward and backward graphs)."""
+    """(kernels Inductor generates for the case's first step, that step's seconds: the
+    compile, mostly)."""
     from torch._inductor import metrics
     metrics.reset()
+    t0 = time.perf_counter()
     case["step"]()
-    return metrics.generated_kernel_count
+    return metrics.generated_kernel_count, time.perf_counter() - t0
 
 
 def run_bench(args, bench, device, dtype, autocast):
@@ -397,12 +402,13 @@ def run_bench(args, bench, device, dtype, autocast):
     if args.compile:
         allow_compiled_cases(len(cases))
         for case in cases.values():
-            case["compiled_kernels"] = compiled_kernels(case)
+            case["compiled_kernels"], case["compile_s"] = compiled_kernels(case)
     times = time_interleaved(cases, args.warmup, args.reps, device)
     rows = []
     for label, case in cases.items():
         rows.append({"bench": bench, "label": label, "variant": case["variant"], "recompute": case["recompute"],
                      "kernels": case["kernels"], "pre": case["pre"], "compiled_kernels": case.get("compiled_kernels"),
+                     "compile_s": case.get("compile_s"), "compile_mode": args.compile_mode if args.compile else None,
                      "n": case["n"], "hc_layers": 2 * args.depth if bench == "model" else 1,
                      **summarize(times[label], case["tokens"]),
                      "saved_bytes": saved_tensor_bytes(case["module"], case["forward"]),
@@ -431,7 +437,7 @@ def print_table(rows, bench, args):
                 f"vocab={args.vocab_size}"
         mem_head = "saved MiB (extra/HC layer)"
     header = ["variant", "n", "median ms", "spread", "min-max ms", "tok/s", "x residual", "x mhc", "x torch", mem_head,
-              "peak MiB"] + (["kernels"] if args.compile else [])
+              "peak MiB"] + (["kernels", "first step s"] if args.compile else [])
     lines = []
     for r in rows:
         saved = f"{r['saved_bytes'] / 2**20:.2f}"
@@ -441,7 +447,8 @@ def print_table(rows, bench, args):
                       f"{r['min_ms']:.1f}-{r['max_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
                       fmt(r["time_vs_residual"], ".3f"), fmt(r["time_vs_mhc"], ".3f"), fmt(r["time_vs_torch"], ".3f"),
                       saved,
-                      fmt(r["peak_step_mib"], ".1f")] + ([fmt(r["compiled_kernels"], "d")] if args.compile else []))
+                      fmt(r["peak_step_mib"], ".1f")] + ([fmt(r["compiled_kernels"], "d"), fmt(r["compile_s"], ".1f")]
+                                                         if args.compile else []))
     print(f"\n{title}")
     print(text_table(header, lines))
 

@@ -159,6 +159,46 @@ def test_each_projection_is_one_op_from_bf16_streams_to_fp32(hc, monkeypatch):
     assert calls.seen == [(bf16, f32, f32, f32)] * (2 * model.config.n_layer), calls.seen
 
 
+@pytest.mark.parametrize("case", [dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc"),
+                                  dict(hc="mhc_lite", hc_expand="lss", hc_reduce="learned")], ids=case_id)
+def test_fused_seams_keep_bf16_streams_and_fp32_coefficients(case, monkeypatch):
+    """hc_kernels='fused' on CUDA: the trunk runs as seams (the custom ops' fake forms on fake
+    CUDA tensors: shapes and dtypes as their kernels write them), one per boundary (an off-chip
+    H_res adds a reading seam per layer); streams, the sub-layers' inputs and outputs bf16 in and
+    out, coefficients fp32; nothing stream- or C-wide saved for backward in fp32."""
+    from nanochat.connections import fused
+    seams, saved = [], []
+    real = fused._seam
+
+    def watched(*args):
+        out = real(*args)
+        seams.append(([a.dtype if torch.is_tensor(a) else None for a in args[:5]], [t.dtype for t in out],
+                      [t.device.type for t in out if t.numel()]))
+        return out
+
+    def pack(t):
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    monkeypatch.setattr(fused, "_seam", watched)
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(hc_kernels="fused", **case)
+        with cuda_autocast(), saved_tensors_hooks(pack, lambda t: t):
+            logits = model(tokens())
+    layers = 2 * model.config.n_layer
+    assert len(seams) == layers + 1 + (layers if case["hc"] == "go_mhc" else 0)
+    f32, bf16 = torch.float32, torch.bfloat16
+    for inputs, outputs, devices in seams:
+        assert inputs[0] == bf16 and inputs[1] in (None, bf16), inputs  # the streams, the sub-layer's output
+        assert all(d in (None, f32) for d in inputs[2:]), inputs  # h_post, h_res, read weights
+        assert outputs[0] == outputs[1] == bf16 and all(d == f32 for d in outputs[2:]), outputs
+        assert set(devices) == {"cuda"}
+    C = model.config.n_embd
+    wide = [(dtype, shape) for dtype, shape in saved if shape and shape[-1] == C and shape[0] >= B * T]
+    assert wide and all(dtype == bf16 for dtype, _ in wide), [s for s in wide if s[0] != bf16]
+    assert logits.dtype == f32
+
+
 def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
     """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/memory.py):
     the forward's saved activations (token-major ones; attention's internals differ by kernel)

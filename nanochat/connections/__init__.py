@@ -167,6 +167,12 @@ class StreamConnections(nn.Module):
             record_state(self.final_capture, X)
         return self.reduce(X, carry)
 
+    def compile_regions(self):
+        """torch.compile each layer's step, a region every layer of a variant shares (GPT.
+        compile_regions). The fused trunk's seams are custom ops already, one kernel each."""
+        for layer in self.layers:
+            layer.step = torch.compile(layer.step, dynamic=False)
+
     def param_groups(self, hc_lr, scalar_lr, hc_betas, x0_betas):
         """AdamW groups (name, params, lr, betas) covering every connection parameter once.
         hc_lr: every HC parameter; scalar_lr and x0_betas: the residual baseline's scalars."""

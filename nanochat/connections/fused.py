@@ -343,15 +343,14 @@ def seam_grid(N):
 
 
 def weight_grad_grid(N, D):
-    """(grid, tokens per split, BLOCK_D) of the weight gradient: WEIGHT_GRAD_PROGRAMS programs
-    or a few more, a split a whole number of token tiles. The number of splits depends on D
-    alone, so that the partial sums, and their order, are the same at every token count (a
-    split past the last token adds nothing)."""
+    """(grid, tokens per split, BLOCK_D) of the weight gradient: about WEIGHT_GRAD_PROGRAMS
+    programs when the tokens allow, each split a whole number of token tiles. The same shapes
+    always give the same splits: the partial sums, and their order, repeat."""
     block_d = min(128, max(16, next_power_of_two(D)))
     d_blocks = triton_cdiv(D, block_d)
-    splits = triton_cdiv(WEIGHT_GRAD_PROGRAMS, d_blocks)
-    per_split = triton_cdiv(triton_cdiv(N, splits), WEIGHT_GRAD_BLOCK_TT) * WEIGHT_GRAD_BLOCK_TT
-    return (d_blocks, splits), per_split, block_d
+    target = triton_cdiv(WEIGHT_GRAD_PROGRAMS, d_blocks)
+    per_split = triton_cdiv(triton_cdiv(N, target), WEIGHT_GRAD_BLOCK_TT) * WEIGHT_GRAD_BLOCK_TT
+    return (d_blocks, triton_cdiv(N, per_split)), per_split, block_d
 
 
 def _or(t, default):
