@@ -18,11 +18,12 @@ every case, so a run cut off from outside still leaves what it measured):
   train      a 20-step scripts.base_train run (uncompiled model) of every variant on a
              generated corpus (shards and tokenizer written locally), ending with val bpb,
              samples through the KV cache and connection diagnostics
-  kernels    --hc-kernels torch vs liger (Liger-Kernel's fused stream kernels; needs the
-             kernels extra): one connection layer of every HC variant at C = 768, T = 2048,
-             B = 32, and the whole model (residual, mHC, KromHC) at the first depth, with
-             x torch, saved bytes and peak memory. Late, so the time budget may leave it for
-             a second call (--sections kernels)
+  kernels    --hc-kernels torch, liger and fused (Liger-Kernel's stream kernels and ours; the
+             kernels extra): first the whole model at D = 12 (batch 32), residual with KromHC,
+             then with mHC, each run written as it ends; then one connection layer of every HC
+             variant at C = 768, T = 2048, B = 32; with x residual, x torch, saved bytes, peak
+             memory and the first step's seconds (its compile). Late, so the time budget may
+             leave it for a second call (--sections kernels, which runs it first)
   pre        delayed pre-weights (DeepSeek-V4.1's single-pass mHC, --hc-pre delayed) against the
              paper's, mHC and KromHC, whole model at the first depth: time and the kernels
              Inductor generates for each (what fusing the post mix of one layer with the next
@@ -77,7 +78,7 @@ PROFILES = {
                 attn=dict(B=32, H=6, T=2048, D=128), layer=dict(batch=8, seq_len=1024, width=768),
                 train=["--depth", "4", "--max-seq-len", "512", "--device-batch-size", "16",
                        "--total-batch-size", "8192", "--eval-tokens", "16384"], vocab_train=4096, corpus_docs=6000,
-                kernel_layer=dict(batch=32, seq_len=2048, width=768),
+                kernel_layer=dict(batch=32, seq_len=2048, width=768), kernel_model=dict(batch=32, seq_len=2048),
                 infer=dict(depth=6, prefill_lens=[2048], batches=[1, 8], prompt_len=512, new_tokens=128),
                 priors=dict(model=10, layer=20, train=90)),
     "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
@@ -85,7 +86,7 @@ PROFILES = {
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
                         "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600,
-                 kernel_layer=dict(batch=2, seq_len=16, width=32),
+                 kernel_layer=dict(batch=2, seq_len=16, width=32), kernel_model=dict(batch=1, seq_len=16),
                  infer=dict(depth=1, prefill_lens=[16], batches=[1, 2], prompt_len=8, new_tokens=4),
                  priors={}),
 }
@@ -347,37 +348,51 @@ _WORDS = "the a small large red blue quick slow river stone garden window music 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
 
 
+def kernel_backends(device):
+    """(the backends that run here, {backend: why not} for the others): torch always; liger
+    and fused on CUDA (or under Triton's interpreter) when installed."""
+    from nanochat.connections import fused, liger
+    ok, missing = ["torch"], {}
+    for name, module, what in (("liger", liger, "Liger-Kernel"), ("fused", fused, "Triton")):
+        if not module.AVAILABLE:
+            missing[name] = f"{what} not installed (pip install -e '.[kernels]')"
+        elif not module.runs_on(device.type):
+            missing[name] = f"no CUDA ({device.type})"
+        else:
+            ok.append(name)
+    return ok, missing
+
+
 def kernels_section(prof, variants, device, dtype, autocast, compile_model, budget):
-    """--hc-kernels torch vs liger, timed interleaved by scripts.bench: one connection layer of
-    every HC variant at the size of the fused-kernel target (C=768, T=2048, B=32 on a GPU), and
-    the whole model (residual, mhc, kromhc) at the first depth, each with `x torch`, saved
-    bytes and peak memory. Needs the kernels extra and CUDA (or Triton's interpreter). Yields
-    the result after each of the two runs."""
-    from nanochat.connections import liger
-    if not (liger.AVAILABLE and liger.runs_on(device.type)):
-        why = "not installed (pip install -e '.[kernels]')" if not liger.AVAILABLE else f"no CUDA ({device.type})"
-        yield {"available": False, "reason": f"Liger-Kernel {why}", "rows": []}
+    """--hc-kernels torch, liger and fused, timed interleaved by scripts.bench, what matters
+    most first: the whole model at the largest depth (D=12 on a GPU, the model section's batch)
+    for the residual baseline with KromHC, then with mHC, then one connection layer of every
+    HC variant (C=768, T=2048, B=32 on a GPU). Each row: x torch, saved bytes, peak memory and
+    the first step's seconds (its compile). Yields the result after each run."""
+    backends, missing = kernel_backends(device)
+    out = {"available": len(backends) > 1, "backends": backends, "missing": missing, "rows": [],
+           "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"])}
+    if not out["available"]:
+        out["reason"] = "; ".join(f"{k}: {why}" for k, why in missing.items())
+        yield out
         return
-    hc_variants = [v for v in variants if bench.hc_family(v)]  # the variants Liger has kernels for
-    model_variants = [v for v in ("residual", "mhc", "kromhc") if v in variants]
-    layer = prof["kernel_layer"]
-    common = ["--hc-kernels", "torch,liger", "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]),
+    common = ["--hc-kernels", ",".join(backends), "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]),
               "--head-dim", str(prof["head_dim"]), "--streams", "4"] + (["--compile"] if compile_model else [])
-    runs = [("layer", ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
-                       "--batch", str(layer["batch"]), "--variants", *hc_variants]),
-            ("model", ["--bench", "model", "--depth", str(prof["depths"][0]), "--aspect-ratio", str(prof["aspect"]),
-                       "--seq-len", str(prof["seq_len"]), "--batch", str(max(1, prof["batch"] // 2)),
-                       "--vocab-size", str(prof["vocab"]), "--variants", *model_variants])]
-    # what each run compiles: a connection layer per HC variant and backend; a model at the
-    # first depth per variant and backend (residual: torch only)
-    models = sum(2 if bench.hc_family(v) else 1 for v in model_variants)
-    sizes = {"layer": ("layer", 2 * len(hc_variants)), "model": ("model", prof["depths"][0] * models)}
-    out = {"available": True, "layer": dict(layer), "rows": []}
-    for name, argv in runs:
-        if not budget.allows(f"kernels {name}", *sizes[name]):
+    runs = [(f"model D{out['depth']} {v}", "model", out["depth"] * (1 + len(backends)),
+             ["--bench", "model", "--depth", str(out["depth"]), "--aspect-ratio", str(prof["aspect"]),
+              "--seq-len", str(prof["kernel_model"]["seq_len"]), "--batch", str(prof["kernel_model"]["batch"]),
+              "--vocab-size", str(prof["vocab"]), "--variants", "residual", v]) for v in ("kromhc", "mhc") if v in variants]
+    hc_variants = [v for v in variants if bench.hc_family(v)]
+    layer = out["layer"]
+    runs.append(("layer", "layer", len(backends) * len(hc_variants),
+                 ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
+                  "--batch", str(layer["batch"]), "--variants", *hc_variants]))
+    for name, kind, size, argv in runs:
+        if not budget.allows(f"kernels {name}", kind, size):
             continue
         torch._dynamo.reset()
-        out["rows"] += bench.run_bench(bench.parse_args(argv + common), name, device, dtype, autocast)
+        rows = bench.run_bench(bench.parse_args(argv + common), kind, device, dtype, autocast)
+        out["rows"] += [dict(r, run=name) for r in rows]
         _free_memory(device)
         yield out
     yield out
@@ -556,18 +571,21 @@ def markdown(result):
                             for r in result["grads"]])]
     kernels = result.get("kernels")
     if kernels and not kernels["available"]:
-        lines += ["", "## Stream kernels: torch vs liger", "", f"Not measured: {kernels['reason']}."]
+        lines += ["", "## Stream kernels: torch, liger, fused", "", f"Not measured: {kernels['reason']}."]
     elif kernels:
         layer = kernels["layer"]
-        lines += ["", "## Stream kernels: torch vs liger (--hc-kernels)", "",
-                  md_table(["bench", "variant", "kernels", "median ms", "spread", "x torch", "x mhc", "saved MiB",
-                            "peak MiB"],
-                           [[r["bench"], r["variant"], r["kernels"], f"{r['median_ms']:.3f}", f"{r['spread_pct']:.1f}%",
-                             _f(r.get("time_vs_torch"), ".3f"), _f(r.get("time_vs_mhc"), ".3f"),
-                             f"{r['saved_bytes'] / 2**20:,.1f}", _f(r.get("peak_step_mib"), ",.0f")]
+        lines += ["", "## Stream kernels: torch, liger, fused (--hc-kernels)", "",
+                  md_table(["run", "variant", "kernels", "median ms", "spread", "x residual", "x torch", "saved MiB",
+                            "peak MiB", "first step s"],
+                           [[r["run"], r["variant"], r["kernels"], f"{r['median_ms']:.3f}", f"{r['spread_pct']:.1f}%",
+                             _f(r.get("time_vs_residual"), ".3f"), _f(r.get("time_vs_torch"), ".3f"),
+                             f"{r['saved_bytes'] / 2**20:,.1f}", _f(r.get("peak_step_mib"), ",.0f"),
+                             _f(r.get("compile_s"), ".1f")]
                             for r in kernels["rows"]]),
-                  "", f"layer: one connection layer, B={layer['batch']} T={layer['seq_len']} C={layer['width']}, "
-                  "forward + backward; model: the whole model at the first depth, half the model section's batch."]
+                  "", f"model: the whole model at D={kernels['depth']}, forward + backward, each run timed apart with "
+                  f"the residual baseline; layer: one connection layer, B={layer['batch']} T={layer['seq_len']} "
+                  f"C={layer['width']}. Backends: {', '.join(kernels['backends'])}"
+                  + "".join(f"; not {k}: {why}" for k, why in kernels["missing"].items()) + "."]
     if result.get("pre"):
         lines += ["", "## Delayed pre-weights (--hc-pre), whole model", "",
                   md_table(["variant", "pre", "median ms", "spread", "x current", "kernels generated"],

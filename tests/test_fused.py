@@ -206,12 +206,14 @@ def test_layer_called_alone_matches_torch(variant, pre):
 
 # ----- per model -----
 
+# Every option once (the seam tests hold every variant and n): delayed pre-weights with and
+# without an H_res on chip, LSS, the learned head, one alpha per factor, no norm weight, an n
+# that is not a power of two, H_res = I.
 MODEL_CASES = [
-    dict(hc="kromhc"), dict(hc="mhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="mhc_lite", hc_streams=3),
-    dict(hc="hc", hc_streams=2), dict(hc="hc_identity", hc_streams=3), dict(hc="cmhc"), dict(hc="go_mhc"),
-    dict(hc="go_mhc", hc_pre="delayed"), dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"),
-    dict(hc="kromhc", hc_streams=8, hc_alpha_shared=False), dict(hc="mhc_lite", hc_norm_weight=False),
-    dict(hc="kromhc", hc_streams=6, hc_pre="delayed", hc_expand="lss"),
+    dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc"), dict(hc="go_mhc", hc_pre="delayed"),
+    dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"), dict(hc="kromhc", hc_streams=8, hc_alpha_shared=False),
+    dict(hc="mhc_lite", hc_norm_weight=False), dict(hc="kromhc", hc_streams=6, hc_pre="delayed", hc_expand="lss"),
+    dict(hc="hc_identity", hc_streams=3),
 ]
 
 
@@ -316,12 +318,11 @@ def test_custom_ops_pass_opcheck():
 
 
 def test_model_traces_as_one_graph_and_compiles_like_eager():
-    """No graph break in a fused model's forward (dynamo.explain), and the AOT-traced forward
-    and backward (fake implementations, the registered backward) equal eager."""
+    """The forward compiles as one graph (fullgraph: a graph break would raise), and the
+    AOT-traced forward and backward (fake implementations, the registered backward) equal
+    eager."""
     model, idx = tiny_gpt("fused", hc="mhc"), batch()
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(idx, idx)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
     loss_e, grads_e = loss_and_grads(model, idx)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     loss_c, grads_c = loss_and_grads(model, idx, compiled)

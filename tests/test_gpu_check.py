@@ -8,9 +8,15 @@ import pytest
 from scripts import bench, gpu_check
 
 
+# The baseline and the ratio reference, the paper's variant, one whose H_res the fused kernels
+# leave to PyTorch, one single-state wiring: every kind of case, at a fraction of every variant's
+# time (each variant's own training and decoding have tests of their own).
+TINY_VARIANTS = ["residual", "mhc", "kromhc", "go_mhc", "frac"]
+
+
 @pytest.mark.slow
 def test_tiny_run_reports_every_section(tmp_path, capsys):
-    gpu_check.main(["--out", str(tmp_path), "--tiny"])
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--variants", *TINY_VARIANTS])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     md = (tmp_path / "gpu_check.md").read_text()
     assert result["profile"] == "tiny" and result["errors"] == []
@@ -24,7 +30,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert attention["S flex"]["window"] == 128 and attention["L flex"]["window"] == 256
 
     model = result["model"]
-    labels = ["residual", gpu_check.FULL_CAUSAL, *bench.VARIANTS[1:]]
+    labels = ["residual", gpu_check.FULL_CAUSAL, *TINY_VARIANTS[1:]]
     assert [(r["depth"], r["label"]) for r in model] == [(d, v) for d in (1, 2) for v in labels]
     for depth in (1, 2):
         rows = {r["label"]: r for r in model if r["depth"] == depth}
@@ -40,26 +46,27 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert windowed["flops_per_token"] < full["flops_per_token"]
 
     # traced (dynamo, no code generation) vs eager, fp32 on CPU: the same numbers
-    assert [r["variant"] for r in result["grads"]] == list(bench.VARIANTS)
+    assert [r["variant"] for r in result["grads"]] == TINY_VARIANTS
     assert all(r["max_rel_gap"] < 1e-5 for r in result["grads"])
 
     train = result["train"]
-    assert [r["variant"] for r in train] == list(bench.VARIANTS)
+    assert [r["variant"] for r in train] == TINY_VARIANTS
     for r in train:
         assert r["ok"], r.get("error")
         assert r["steps"] == 20 and r["last_loss"] < r["first_loss"] and r["val_bpb"] > 0
 
-    # torch vs liger (the tests run Triton's interpreter, so Liger's kernels run on the CPU)
+    # torch, liger and fused (the tests run Triton's interpreter: the kernels run on the CPU):
+    # the whole model first, KromHC then mHC, each run with the baseline; then one layer each
     kernels = result["kernels"]
-    assert kernels["available"]
-    hc = [v for v in bench.VARIANTS if bench.hc_family(v)]
-    layer = [(r["variant"], r["kernels"]) for r in kernels["rows"] if r["bench"] == "layer"]
-    assert layer == [(v, k) for v in hc for k in ("torch", "liger")]
-    model = [(r["variant"], r["kernels"]) for r in kernels["rows"] if r["bench"] == "model"]
-    assert model == [("residual", "torch"), ("mhc", "torch"), ("mhc", "liger"), ("kromhc", "torch"), ("kromhc", "liger")]
+    assert kernels["available"] and kernels["backends"] == ["torch", "liger", "fused"] and kernels["depth"] == 2
+    backends = kernels["backends"]
+    runs = [(r["run"], r["variant"], r["kernels"]) for r in kernels["rows"]]
+    assert runs == ([("model D2 kromhc", "residual", "torch")] + [("model D2 kromhc", "kromhc", k) for k in backends]
+                    + [("model D2 mhc", "residual", "torch")] + [("model D2 mhc", "mhc", k) for k in backends]
+                    + [("layer", v, k) for v in ("mhc", "kromhc", "go_mhc") for k in backends])
     for r in kernels["rows"]:
-        torch_row = next(t for t in kernels["rows"] if (t["bench"], t["variant"], t["kernels"])
-                         == (r["bench"], r["variant"], "torch"))
+        same_run = [t for t in kernels["rows"] if t["run"] == r["run"]]
+        torch_row = next(t for t in same_run if (t["variant"], t["kernels"]) == (r["variant"], "torch"))
         assert r["time_vs_torch"] == pytest.approx(r["median_ms"] / torch_row["median_ms"])
         assert r["saved_bytes"] > 0
 
@@ -67,8 +74,8 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert "Where each step's time goes" in md
     from nanochat.memory import code_fingerprint
     assert result["env"]["code"] == code_fingerprint() and f"model code {code_fingerprint()}." in md
-    assert "## Stream kernels: torch vs liger" in md
-    assert {r["variant"] for r in result["infer"]} == set(bench.VARIANTS)
+    assert "## Stream kernels: torch, liger, fused" in md
+    assert {r["variant"] for r in result["infer"]} == set(TINY_VARIANTS)
     assert "## Inference: prefill and decode" in md
     assert "wrote" in capsys.readouterr().out
 
@@ -114,13 +121,14 @@ def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
 
 
 def test_kernels_section_says_why_it_cannot_measure(tmp_path, monkeypatch):
-    from nanochat.connections import liger
+    from nanochat.connections import fused, liger
     monkeypatch.setattr(liger, "AVAILABLE", False)
+    monkeypatch.setattr(fused, "runs_on", lambda device_type: False)
     gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels"])
-    result = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert result["kernels"] == {"available": False, "reason": "Liger-Kernel not installed (pip install -e '.[kernels]')",
-                                 "rows": []}
-    assert "Not measured: Liger-Kernel not installed" in (tmp_path / "gpu_check.md").read_text()
+    kernels = json.loads((tmp_path / "gpu_check.json").read_text())["kernels"]
+    assert not kernels["available"] and kernels["backends"] == ["torch"] and kernels["rows"] == []
+    assert kernels["reason"] == "liger: Liger-Kernel not installed (pip install -e '.[kernels]'); fused: no CUDA (cpu)"
+    assert "Not measured: liger: Liger-Kernel not installed" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_pre_section_times_delayed_beside_current(tmp_path):
