@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from nanochat.connections.custom_ops import custom_op
-from nanochat.connections.res_maps import kernel_np, next_power_of_two
+from nanochat.connections.res_maps import cayley_pad, kernel_np, next_power_of_two
 
 INSTALL_HINT = "pip install -e '.[kernels]'"
 AVAILABLE = importlib.util.find_spec("triton") is not None
@@ -74,7 +74,7 @@ MAX_REGISTERS = 255
 SOURCES = ("given", "post")
 READS = ("none", "given", "projected")
 COEFS = ("none", "projection", "gates", "head")
-RES_KINDS = ("identity", "free", "sinkhorn", "permutations")
+RES_KINDS = ("identity", "free", "sinkhorn", "permutations", "cayley")
 # The weight gradient's programs: blocks of W's rows times token chunks, at least two waves
 # of an H100's 132 SMs when the tokens allow.
 WEIGHT_GRAD_PROGRAMS = 2 * 2 * 132
@@ -116,7 +116,8 @@ class Seam:
     read       "none", "given" (read weights passed in), "projected" (from the coefficients)
     coef       "none", "projection" (x'W only, coefficients off chip), "gates" (an HC
                layer's), "head" (the learned head's)
-    res_kind   (gates) the ResMap kind; sk_iters, groups: Sinkhorn rounds, mixture groups
+    res_kind   (gates) the ResMap kind; sk_iters, groups, m_pad: Sinkhorn rounds, mixture
+               groups, the side of go-mHC's padded tiles
     ka, kb     the projection's column blocks (pre | post, or every column off chip; res)
     write_x    store X_next; emit_carry: store the pre-weights for the next seam (delayed)"""
     n: int
@@ -127,6 +128,7 @@ class Seam:
     res_kind: str = "identity"
     sk_iters: int = 0
     groups: int = 0
+    m_pad: int = 4
     ka: int = 16
     kb: int = 0
     read_eps: float = 0.0
@@ -153,8 +155,8 @@ class Seam:
         """The kernels' compile-time arguments."""
         return dict(NS=self.n, NP=kernel_np(self.n), SOURCE=SOURCES.index(self.source), RES_IN=int(self.res_in),
                     READ=READS.index(self.read), COEF=COEFS.index(self.coef), RES_KIND=RES_KINDS.index(self.res_kind),
-                    SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, KA=self.ka, KB=self.kb, KBX=self.kb or 16,
-                    READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, BLOCK_T=BLOCK_T,
+                    SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, MP=self.m_pad, KA=self.ka, KB=self.kb,
+                    KBX=self.kb or 16, READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, BLOCK_T=BLOCK_T,
                     BLOCK_C=block_c(self.n))
 
     def forward_constexprs(self):
@@ -402,7 +404,7 @@ def layer_target(layer):
         return torch.cat([_pad_columns(t[..., :2 * n], ka), res_map.kernel_layout(t[..., 2 * n:])], dim=-1)
 
     fields = dict(coef="gates", ka=ka, kb=kb, res_kind=res_map.kind, sk_iters=getattr(res_map, "iters", 0),
-                  groups=len(getattr(res_map, "groups", ())))
+                  groups=len(getattr(res_map, "groups", ())), m_pad=cayley_pad(getattr(res_map, "m", 1)))
     return Target(fields, layout(w), layout(scale), layout(bias), res_map.table())
 
 

@@ -26,7 +26,8 @@ Codes of the constexpr switches (fused.Seam holds their names):
   READ      0: no pre mix, 1: read weights given (hread_ptr, any strides), 2: projected
   COEF      0: no projection, 1: projection only (coefficients off chip), 2: HC gates
             (pre, post, res), 3: the learned head (pre + READ_EPS)
-  RES_KIND  (COEF 2) 0: identity, 1: free, 2: Sinkhorn, 3: permutation mixture
+  RES_KIND  (COEF 2) 0: identity, 1: free, 2: Sinkhorn, 3: permutation mixture, 4: Cayley
+            (go-mHC; MP: the side of its padded tiles)
 """
 
 import triton
@@ -176,7 +177,7 @@ def _mixture_table(tab_ptr, KBX: tl.constexpr, NN: tl.constexpr):
 
 @triton.jit
 def _res_forward(zB, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                 NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr, BLOCK_T: tl.constexpr):
+                 NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr):
     """H_res (BLOCK_T, NP*NP) from the res logits (BLOCK_T, KBX)."""
     if RES_KIND == 1:
         H = zB
@@ -188,20 +189,25 @@ def _res_forward(zB, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NU
             r, c = _sinkhorn_round(Z, r, c, rvalid)
         P = tl.exp(Z - r[:, :, None] - c[:, None, :])
         H = tl.reshape(tl.where(valid[None, :, :], P, 0.0), (BLOCK_T, NP * NP))
-    else:
+    elif RES_KIND == 3:
         E, gid, gam, lb = _mixture_table(tab_ptr, KBX, NP * NP)
         H = tl.full((BLOCK_T, NP * NP), 1.0, tl.float32)
         for g in tl.static_range(NUM_GROUPS):
             cg, _ = _mixture_weights(zB, gid, gam, lb, g)
             # exact: each entry sums a subset of the weights (E is 0/1), in fp32 without TF32
             H = H * tl.dot(cg, E, input_precision="ieee")
+    else:
+        E, B = _cayley_tables(tab_ptr, KBX, MP, NP * NP)
+        M, eye = _cayley_inverse(zB, E, MP, BLOCK_T)
+        Q = 2.0 * M - eye
+        H = tl.dot(tl.reshape(Q * Q, (BLOCK_T, MP * MP)), B, input_precision="ieee")  # the block sums
     return H
 
 
 @triton.jit
 def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
                   NUM_GROUPS: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, KBX: tl.constexpr,
-                  BLOCK_T: tl.constexpr):
+                  MP: tl.constexpr, BLOCK_T: tl.constexpr):
     """dL/d(res logits) (BLOCK_T, KBX) from dL/dH_res (BLOCK_T, NP*NP), recomputing the map."""
     if RES_KIND == 1:
         gz = gH
@@ -231,6 +237,16 @@ def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexp
             P = tl.exp(Z - r[:, :, None] - c[:, None, :])  # after the row step of round k
             g = g - P * tl.sum(g, axis=2)[:, :, None]
         gz = tl.reshape(tl.where(valid[None, :, :], g, 0.0), (BLOCK_T, NP * NP))
+    elif RES_KIND == 4:
+        # Q = 2M - I with M = (I + A)^-1: dQ = -2 M dA M, so dL/dA = -2 M^T (dL/dQ) M^T, and the
+        # logit of pair i < j collects dL/dA[i, j] - dL/dA[j, i] (E's signs)
+        E, B = _cayley_tables(tab_ptr, KBX, MP, NP * NP)
+        M, eye = _cayley_inverse(zB, E, MP, BLOCK_T)
+        Q = 2.0 * M - eye
+        gQ = 2.0 * Q * tl.reshape(tl.dot(gH, tl.trans(B), input_precision="ieee"), (BLOCK_T, MP, MP))
+        mtg = tl.sum(M[:, :, :, None] * gQ[:, :, None, :], axis=1)  # M^T gQ
+        gA = -2.0 * tl.sum(mtg[:, :, None, :] * M[:, None, :, :], axis=3)  # (M^T gQ) M^T
+        gz = tl.dot(tl.reshape(gA, (BLOCK_T, MP * MP)), tl.trans(E), input_precision="ieee")
     else:
         E, gid, gam, lb = _mixture_table(tab_ptr, KBX, NP * NP)
         Ms = ()
@@ -250,6 +266,41 @@ def _res_backward(zB, gH, tab_ptr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexp
     return gz
 
 
+@triton.jit
+def _cayley_tables(tab_ptr, KBX: tl.constexpr, MP: tl.constexpr, NN: tl.constexpr):
+    """go-mHC's tables (res_maps.OrthostochasticMap.table): the generator's signs E (KBX,
+    MP*MP) and the block sums B (MP*MP, NN)."""
+    kb = tl.arange(0, KBX)
+    q = tl.arange(0, MP * MP)
+    E = tl.load(tab_ptr + kb[:, None] * (MP * MP) + q[None, :])
+    B = tl.load(tab_ptr + KBX * MP * MP + q[:, None] * NN + tl.arange(0, NN)[None, :])
+    return E, B
+
+
+@triton.jit
+def _cayley_inverse(zB, E, MP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """(M = (I + A)^-1, I) for A = skew(generator logits), (BLOCK_T, MP, MP), by Gauss-Jordan
+    elimination without pivoting (res_maps.OrthostochasticMap says why it needs none). The
+    padding (past m) is the identity throughout."""
+    A = tl.reshape(tl.dot(zB, E, input_precision="ieee"), (BLOCK_T, MP, MP))  # exact: +-one logit
+    idx = tl.arange(0, MP)
+    rows = idx[None, :, None]
+    cols = idx[None, None, :]
+    eye = tl.where(rows == cols, 1.0, 0.0)
+    T = A + eye
+    M = tl.zeros((BLOCK_T, MP, MP), tl.float32) + eye
+    for k in tl.static_range(MP):
+        row_t = tl.sum(tl.where(rows == k, T, 0.0), axis=1)
+        row_m = tl.sum(tl.where(rows == k, M, 0.0), axis=1)
+        pivot = tl.sum(tl.where(idx[None, :] == k, row_t, 0.0), axis=1)
+        row_t = row_t / pivot[:, None]
+        row_m = row_m / pivot[:, None]
+        factor = tl.where(idx[None, :] == k, 0.0, tl.sum(tl.where(cols == k, T, 0.0), axis=2))
+        T = tl.where(rows == k, row_t[:, None, :], T - factor[:, :, None] * row_t[:, None, :])
+        M = tl.where(rows == k, row_m[:, None, :], M - factor[:, :, None] * row_m[:, None, :])
+    return M, eye
+
+
 # ----- the gates -----
 
 @triton.jit
@@ -262,7 +313,7 @@ def _logits(acc, rstd, scale_ptr, bias_ptr, offset: tl.constexpr, WIDTH: tl.cons
 def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr, hres_out_ptr,
                    carry_ptr, NS: tl.constexpr, NP: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
                    SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KBX: tl.constexpr,
-                   READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, BLOCK_T: tl.constexpr):
+                   MP: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, BLOCK_T: tl.constexpr):
     """Store the next layer's h_post, h_res (and carried pre-weights); return its read weights."""
     kA = tl.arange(0, KA)
     sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
@@ -277,7 +328,7 @@ def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, h
             tl.store(carry_ptr + rowA, sA, mask=tmask[:, None] & (kA[None, :] < NS))
         if RES_KIND > 0:
             H = _res_forward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), tab_ptr, RES_KIND, SK_ITERS,
-                             NUM_GROUPS, NS, NP, KBX, BLOCK_T)
+                             NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
             offs, valid = _square_offsets(row, NS, NP)
             tl.store(hres_out_ptr + offs, H, mask=tmask[:, None] & valid)
     return read
@@ -287,9 +338,9 @@ def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, h
 def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr, ghro_ptr,
                     gcarry_ptr, NS: tl.constexpr, NP: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
                     RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                    KA: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr,
-                    HAS_GHPO: tl.constexpr,
-                    HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
+                    KA: tl.constexpr, KBX: tl.constexpr, MP: tl.constexpr, READ_EPS: tl.constexpr,
+                    EMIT_CARRY: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
+                    HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
     """(dL/dz of block A, of block B, the read weights) from the gradients of what the
     forward computed from the logits z."""
     kA = tl.arange(0, KA)
@@ -313,7 +364,7 @@ def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row,
         offs, valid = _square_offsets(row, NS, NP)
         gH = tl.load(ghro_ptr + offs, mask=tmask[:, None] & valid, other=0.0)
         gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), gH, tab_ptr, RES_KIND, SK_ITERS,
-                            SK_HIST, NUM_GROUPS, NS, NP, KBX, BLOCK_T)
+                            SK_HIST, NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
     return gzA, gzB, read
 
 
@@ -326,7 +377,7 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
                  WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
@@ -371,7 +422,7 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
         if COEF > 1:
             read = _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr,
                                   hres_out_ptr, carry_ptr, NS, NP, COEF, RES_KIND, SK_ITERS, NUM_GROUPS, KA, KBX,
-                                  READ_EPS, EMIT_CARRY, BLOCK_T)
+                                  MP, READ_EPS, EMIT_CARRY, BLOCK_T)
             if READ == 2:
                 # The read weights need the whole projection: a second pass over the tile, last
                 # chunk first (the most recently read ones are likeliest still in cache).
@@ -396,7 +447,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, HAS_GEXT: tl.constexpr,
                   NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, INT64: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                  MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
@@ -435,8 +486,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                     g_read = new
             gzA, gzB, projected = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask,
                                                   ghpo_ptr, ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND,
-                                                  SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, READ_EPS, EMIT_CARRY,
-                                                  HAS_GHPO, HAS_GHRO, HAS_GCARRY, BLOCK_T)
+                                                  SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, MP, READ_EPS,
+                                                  EMIT_CARRY, HAS_GHPO, HAS_GHRO, HAS_GCARRY, BLOCK_T)
             if READ == 2:
                 read = projected
             tl.store(gz_ptr + row[:, None] * K + kA[None, :], gzA, mask=tmask[:, None])

@@ -8,7 +8,8 @@ Per token, with m = n * s (s = `hc_go_s`, default 2, go-mHC's recommendation):
     H_res[i, j] = (1/s) sum_{k,l < s} Q[i*s + k, j*s + l]^2
 Every row and column of Q o Q sums to 1, so H_res is doubly stochastic to the rounding of
 the inverse (fp32, one batched m x m inverse per token and layer, computed again in backward
-rather than kept: birkhoff.Orthostochastic; autocast off, as every coefficient). s = 1 gives
+rather than kept: birkhoff.Orthostochastic; autocast off, as every coefficient; with
+--hc-kernels fused, by Gauss-Jordan on chip while m <= 8: res_maps.OrthostochasticMap). s = 1 gives
 orthostochastic matrices; larger s reaches further into the Birkhoff polytope, at m^2 / 2
 res logits.
 

@@ -16,7 +16,8 @@ then computed by `forward` between two kernels, one more read of the streams):
                                                                             (a group per factor),
                                                                             cmhc (the n cyclic shifts,
                                                                             leak gamma)
-  None           anything PyTorch computes                                  go_mhc (Cayley transform)
+  "cayley"       the orthostochastic map of a Cayley transform               go_mhc (m = n s <= 8)
+  None           anything PyTorch computes                                  go_mhc beyond m = 8
 
 A new variant needs no kernel code: a ResMap with kind None runs fused, with its
 coefficients in PyTorch. Declaring one of the kinds above puts them on chip.
@@ -41,7 +42,7 @@ from torch import nn
 from nanochat.connections.birkhoff import (convex_permutations, kron_factors, orthostochastic, permutation_matrices,
                                           sinkhorn_log)
 
-KINDS = ("identity", "free", "sinkhorn", "permutations")
+KINDS = ("identity", "free", "sinkhorn", "permutations", "cayley")
 
 
 def next_power_of_two(n):
@@ -231,15 +232,64 @@ class PermutationMixture(ResMap):
 
 
 class OrthostochasticMap(ResMap):
-    """go-mHC's Cayley map (birkhoff.orthostochastic): computed in PyTorch (kind None)."""
+    """go-mHC's map (birkhoff.orthostochastic): A = skew(logits) (m x m, m = n s), Q = (I - A)(I +
+    A)^-1, H_res = (1/s) times the s x s block sums of Q o Q. On chip ("cayley") while m <= 8:
+    the kernels invert I + A by Gauss-Jordan elimination (no pivoting needed: x^T (I + A) x =
+    |x|^2, so every leading block is invertible and I + A is well conditioned), with the
+    generator's signs and the block sums as 0/+-1 and 0/(1/s) tables (`table`). Beyond m = 8
+    in PyTorch (kind None): an m x m tile per token would not fit the registers."""
+
+    MAX_ON_CHIP = 8
 
     def __init__(self, n, s):
         super().__init__(n)
         self.s = s
+        self.m = n * s
+        self.kind = "cayley" if self.m <= self.MAX_ON_CHIP else None
+        if self.kind:  # filled by init_buffers (the model is built on the meta device)
+            self.register_buffer("tables", torch.empty(self.table_size()), persistent=False)
+
+    def table_size(self):
+        MP, NP = cayley_pad(self.m), kernel_np(self.n)
+        return self.kernel_width() * MP * MP + MP * MP * NP * NP
+
+    @torch.no_grad()
+    def init_buffers(self):
+        if self.kind:
+            self.tables.copy_(self.build_tables())
 
     def logit_count(self):
-        m = self.n * self.s
-        return m * (m - 1) // 2
+        return self.m * (self.m - 1) // 2
 
     def forward(self, logits):
         return orthostochastic(logits, self.n, self.s)
+
+    def kernel_width(self):
+        return max(16, next_power_of_two(self.logit_count()))
+
+    def kernel_layout(self, t):
+        return F.pad(t, (0, self.kernel_width() - t.shape[-1]))
+
+    def table(self):
+        return self.tables if self.kind else None
+
+    def build_tables(self):
+        """Two tables, flattened one after the other (MP = cayley_pad(m), NP = kernel_np(n)):
+        E (KB, MP*MP), +1 at (i, j) and -1 at (j, i) for the k-th generator logit's pair i < j
+        (birkhoff.skew_symmetric's order); B (MP*MP, NP*NP), 1/s from Q entry (i, j) to H_res
+        entry (i // s, j // s) for i, j < m."""
+        m, s, MP, NP = self.m, self.s, cayley_pad(self.m), kernel_np(self.n)
+        rows, cols = torch.triu_indices(m, m, offset=1)
+        E = torch.zeros(self.kernel_width(), MP, MP)
+        k = torch.arange(rows.numel())
+        E[k, rows, cols] = 1.0
+        E[k, cols, rows] = -1.0
+        i = torch.arange(m)
+        B = torch.zeros(MP, MP, NP, NP)
+        B[i[:, None], i[None, :], (i // s)[:, None], (i // s)[None, :]] = 1.0 / s
+        return torch.cat([E.flatten(), B.flatten()])
+
+
+def cayley_pad(m):
+    """The side of go-mHC's padded m x m tiles in the kernels (a power of two, at least 4)."""
+    return max(4, next_power_of_two(m))
