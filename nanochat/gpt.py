@@ -558,18 +558,23 @@ class GPT(nn.Module):
                                ignore_index=-1, reduction=loss_reduction).view(
             () if loss_reduction == "mean" else targets.shape)
 
-    def compile_regions(self):
+    def compile_regions(self, backend="inductor"):
         """torch.compile each repeated region rather than the model whole: every sub-layer
         (attention, MLP), every connection layer's step (StreamConnections.compile_regions) and
         the head. A region's code is the same at every depth, so dynamo compiles it once per
         distinct setting (attention: window and value-embedding gate; a connection layer: its
         variant) and every layer reuses it: compile time no longer grows with the depth. What
-        crosses regions (the trunk's loop, the branches' input norms) runs eagerly."""
+        crosses regions (the trunk's loop, the branches' input norms) runs eagerly. A wiring whose
+        layers carry more at every depth (Attention Residuals' sources) compiles its step once
+        per depth: dynamo's recompile limit is raised to allow that rather than fall back to
+        eager."""
+        limit = torch._dynamo.config.cache_size_limit
+        torch._dynamo.config.cache_size_limit = max(limit, 2 * len(self.connections.layers))
         for block in self.transformer.h:
-            block.attn.compile(dynamic=False)
-            block.mlp.compile(dynamic=False)
-        self.connections.compile_regions()
-        self.head = torch.compile(self.head, dynamic=False)
+            block.attn.compile(dynamic=False, backend=backend)
+            block.mlp.compile(dynamic=False, backend=backend)
+        self.connections.compile_regions(backend)
+        self.head = torch.compile(self.head, dynamic=False, backend=backend)
 
     def activation_dtype(self, idx):
         """The dtype activations will have: autocast's when active, else the embedding's."""
@@ -627,14 +632,14 @@ class EagerSteps:
 COMPILE_MODES = ("whole", "regional")
 
 
-def compiled(model, mode="whole"):
+def compiled(model, mode="whole", backend="inductor"):
     """What a training step calls: the model compiled whole (one graph: dynamo unrolls every
     layer), or regionally (GPT.compile_regions: each repeated region once), the model itself."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
     if mode == "whole":
-        return torch.compile(model, dynamic=False)
-    model.compile_regions()
+        return torch.compile(model, dynamic=False, backend=backend)
+    model.compile_regions(backend)
     return model
 
 

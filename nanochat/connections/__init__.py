@@ -167,11 +167,14 @@ class StreamConnections(nn.Module):
             record_state(self.final_capture, X)
         return self.reduce(X, carry)
 
-    def compile_regions(self):
-        """torch.compile each layer's step, a region every layer of a variant shares (GPT.
-        compile_regions). The fused trunk's seams are custom ops already, one kernel each."""
+    def compile_regions(self, backend="inductor"):
+        """torch.compile the regions a layer declares (`REGIONS`: methods that exclude its
+        sub-layer, which is a region of its own; the HC family's read and write), each once
+        for every layer of the variant (GPT.compile_regions). A layer that declares none runs
+        eagerly between its compiled sub-layers; the fused trunk's seams are custom ops already."""
         for layer in self.layers:
-            layer.step = torch.compile(layer.step, dynamic=False)
+            for name in getattr(layer, "REGIONS", ()):
+                setattr(layer, name, torch.compile(getattr(layer, name), dynamic=False, backend=backend))
 
     def param_groups(self, hc_lr, scalar_lr, hc_betas, x0_betas):
         """AdamW groups (name, params, lr, betas) covering every connection parameter once.

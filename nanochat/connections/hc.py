@@ -164,6 +164,15 @@ class HyperConnection(ConnectionLayer):
     def step(self, X, branch, x0, carry):
         if uses_fused(self.kernels, X) and self.capture is None:
             return fused.layer_step(self, X, branch, carry, RMS_EPS)
+        u, h_post, h_res, carry = self.read(X, carry)
+        return self.write(X, h_post, h_res, branch(u)), carry
+
+    # The layer's work before and after its sub-layer, two regions that --compile-mode
+    # regional compiles once for all layers (GPT.compile_regions; the sub-layer is its own).
+    REGIONS = ("read", "write")
+
+    def read(self, X, carry):
+        """(the sub-layer's input u, h_post, the H_res to mix with, the carry on)."""
         with no_autocast(X):
             xw = self.projection(X)
             if self.recompute:
@@ -177,8 +186,11 @@ class HyperConnection(ConnectionLayer):
             h_pre, carry = (self.first_read(X) if carry is None else carry), h_pre
         if self.capture is not None:
             record_layer(self.capture, X, h_pre, h_post, h_res, self.logits_from(xw)[..., 2 * self.n:])
-        y = branch(mix_pre(h_pre, X, self.kernels))
-        return mix_post(self.mix_matrix(h_res), X, h_post, y, self.kernels), carry
+        return mix_pre(h_pre, X, self.kernels), h_post, self.mix_matrix(h_res), carry
+
+    def write(self, X, h_post, h_res, y):
+        """X_next = H_res X + H_post^T y."""
+        return mix_post(h_res, X, h_post, y, self.kernels)
 
     def first_read(self, X):
         """The pre-weights of the first layer under delayed pre: stream 0 alone."""
