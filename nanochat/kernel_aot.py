@@ -143,10 +143,15 @@ def run_liger(fields):
     conn.layers[0](X, lambda u: u).float().sum().backward()
 
 
-def record_all():
+BACKENDS = ("fused", "liger")
+
+
+def record_all(backends=BACKENDS):
     launches = []
-    for backend, workloads, run in (("fused", fused_workloads(), run_fused), ("liger", liger_workloads(), run_liger)):
-        for label, fields in workloads:
+    plans = {"fused": (fused_workloads, run_fused), "liger": (liger_workloads, run_liger)}
+    for backend in backends:
+        workloads, run = plans[backend]
+        for label, fields in workloads():
             with recording(label, backend, launches):
                 run(fields)
     return launches
@@ -207,19 +212,19 @@ def programs(launch):
     return math.prod(grid)
 
 
-def compile_all(launches, workers=None):
-    """[Compiled] for the distinct launches, in the order first recorded. Compiles run in
-    threads (`workers`, default: the CPUs): most of a compile is ptxas, a process of its own."""
+def compile_all(launches, targets=TARGETS, workers=None):
+    """[Compiled] for the distinct launches, in the order first recorded, each compiled for
+    every compute capability of `targets`. Compiles run in threads (`workers`, default: the
+    CPUs): most of a compile is ptxas, a process of its own."""
     groups = {}
     for launch in launches:
         groups.setdefault(_key(launch), []).append(launch)
     firsts = [same[0] for same in groups.values()]
-    jobs = [(i, cc) for i in range(len(firsts)) for cc in TARGETS]
+    jobs = [(i, cc) for i in range(len(firsts)) for cc in targets]
     with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count()) as pool:
         found = dict(zip(jobs, pool.map(lambda job: resources(firsts[job[0]], job[1]), jobs)))
     return [Compiled(first.fn.__name__, describe(first), first.backend, sorted({l.workload for l in same}),
-                     programs(first),
-                     first.streams, {cc: found[i, cc] for cc in TARGETS})
+                     programs(first), first.streams, {cc: found[i, cc] for cc in targets})
             for i, (first, same) in enumerate(zip(firsts, groups.values()))]
 
 

@@ -24,6 +24,10 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--markdown", default="", help="also write the table as Markdown to this path")
+    p.add_argument("--backends", nargs="+", choices=("fused", "liger"), default=["fused", "liger"],
+                   help="whose kernels (default both; liger needs Liger-Kernel installed)")
+    p.add_argument("--targets", nargs="+", type=int, choices=(80, 90), default=[80, 90],
+                   help="compute capabilities to compile for (default 80 90: A100; H100 and H200)")
     return p
 
 
@@ -54,13 +58,17 @@ def main(argv=None):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("error: TRITON_INTERPRET=1 replaces the kernels with Python; unset it to compile them")
     from nanochat import kernel_aot
+    from nanochat.connections import liger
+    if "liger" in args.backends and not liger.AVAILABLE:
+        raise SystemExit("error: Liger-Kernel is not installed: pip install -e '.[kernels]', or --backends fused")
     t0 = time.perf_counter()
-    compiled = kernel_aot.compile_all(kernel_aot.record_all())
-    head, body = header(kernel_aot.TARGETS), rows(compiled, kernel_aot.TARGETS)
+    compiled = kernel_aot.compile_all(kernel_aot.record_all(args.backends), args.targets)
+    head, body = header(args.targets), rows(compiled, args.targets)
     print(text_table(head, body))
     n = kernel_aot.D12
-    print(f"\n{len(compiled)} kernels at D=12 (n={n['n']}, C={n['C']}, {n['B']} x {n['T']} tokens), compiled for "
-          f"{', '.join(f'sm_{cc}' for cc in kernel_aot.TARGETS)} in {time.perf_counter() - t0:.0f} s")
+    import triton
+    print(f"\n{len(compiled)} kernels at D=12 (n={n['n']}, C={n['C']}, {n['B']} x {n['T']} tokens), compiled by Triton "
+          f"{triton.__version__} for {', '.join(f'sm_{cc}' for cc in args.targets)} in {time.perf_counter() - t0:.0f} s")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(head, body))
