@@ -527,7 +527,10 @@ class GPT(nn.Module):
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
         # Each sub-layer keeps its input RMSNorm, unless the wiring norms where its own math says
         # (SPEC sublayer_prenorm: post-norm, ReZero): then the branch is the raw sub-layer.
-        pre = norm_inputs if self.connections.sublayer_prenorm else (lambda u: u)
+        # The sub-layers' input norm, unless the wiring calls them raw or the trunk norms their
+        # inputs itself (the fused seams, connections.StreamConnections.norms_sublayer_inputs).
+        prenorm = self.connections.sublayer_prenorm and not self.connections.norms_sublayer_inputs(x0)
+        pre = norm_inputs if prenorm else (lambda u: u)
         branches = []
         for i, block in enumerate(self.transformer.h):
             window = self.window_sizes[i]

@@ -58,12 +58,13 @@ class TrunkUnderTest(nn.Module):
         self.connections = connections.build(config)
         self.branch_weight = nn.Parameter(torch.empty(config.n_embd, config.n_embd), requires_grad=False)
 
-    def branch(self, u):
-        from nanochat.gpt import norm
-        return norm(u) @ self.branch_weight.to(u.dtype)
-
     def forward(self, x0):
-        return self.connections(x0, [self.branch] * len(self.connections.layers))
+        from nanochat.gpt import norm
+        raw = self.connections.norms_sublayer_inputs(x0)  # the fused seams norm the inputs themselves
+
+        def branch(u):
+            return (u if raw else norm(u)) @ self.branch_weight.to(u.dtype)
+        return self.connections(x0, [branch] * len(self.connections.layers))
 
 
 @contextlib.contextmanager

@@ -151,9 +151,10 @@ class StreamConnections(nn.Module):
     def forward(self, x0, branches):
         if len(branches) != len(self.layers):
             raise ValueError(f"{len(branches)} branches for {len(self.layers)} connection layers")
-        if self.final_capture is None and self.n > 1 and ops.uses_fused(self.kernels, x0):
-            # the seams between layers belong to the trunk: one kernel each (fused.py)
-            return fused.run(self, x0, branches, ops.RMS_EPS)
+        if self.runs_fused(x0):
+            # the seams between layers belong to the trunk: one kernel each (fused.py), which
+            # also norms the sub-layers' inputs (the branches it is handed are raw)
+            return fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm)
         X = self.expand(x0)
         carry = None
         for layer, branch in zip(self.layers, branches):
@@ -166,6 +167,16 @@ class StreamConnections(nn.Module):
         if self.final_capture is not None:
             record_state(self.final_capture, X)
         return self.reduce(X, carry)
+
+    def runs_fused(self, x0):
+        """Whether this forward runs the fused seams (hc_kernels = fused, training, not
+        capturing diagnostics)."""
+        return self.final_capture is None and self.n > 1 and ops.uses_fused(self.kernels, x0)
+
+    def norms_sublayer_inputs(self, x0):
+        """Whether this forward's trunk norms the sub-layers' inputs itself (the fused seams
+        write them normed): the model then hands it the raw sub-layers."""
+        return self.sublayer_prenorm and self.runs_fused(x0)
 
     def compile_regions(self, backend="inductor"):
         """torch.compile the regions a layer declares (`REGIONS`: methods that exclude its

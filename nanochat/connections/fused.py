@@ -119,7 +119,9 @@ class Seam:
     res_kind   (gates) the ResMap kind; sk_iters, groups, m_pad: Sinkhorn rounds, mixture
                groups, the side of go-mHC's padded tiles
     ka, kb     the projection's column blocks (pre | post, or every column off chip; res)
-    write_x    store X_next; emit_carry: store the pre-weights for the next seam (delayed)"""
+    write_x    store X_next; emit_carry: store the pre-weights for the next seam (delayed)
+    norm       the read is the sub-layer's input: write it through the model's RMSNorm (eps_u its
+               epsilon), norm(u), and keep 1 / rms(u) for backward"""
     n: int
     source: str = "given"
     res_in: bool = True
@@ -134,7 +136,9 @@ class Seam:
     read_eps: float = 0.0
     write_x: bool = False
     emit_carry: bool = False
+    norm: bool = False
     eps: float = 0.0
+    eps_u: float = 0.0
 
     def encode(self):
         return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -156,8 +160,8 @@ class Seam:
         return dict(NS=self.n, NP=kernel_np(self.n), SOURCE=SOURCES.index(self.source), RES_IN=int(self.res_in),
                     READ=READS.index(self.read), COEF=COEFS.index(self.coef), RES_KIND=RES_KINDS.index(self.res_kind),
                     SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, MP=self.m_pad, KA=self.ka, KB=self.kb,
-                    KBX=self.kb or 16, READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, BLOCK_T=BLOCK_T,
-                    BLOCK_C=block_c(self.n))
+                    KBX=self.kb or 16, READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, NORM=self.norm,
+                    BLOCK_T=BLOCK_T, BLOCK_C=block_c(self.n))
 
     def forward_constexprs(self):
         return dict(self.constexprs(), WRITE_X=self.write_x)
@@ -209,7 +213,7 @@ def _empty(x):
 
 
 def _outputs(seam, x):
-    """Allocated outputs of the forward: (x_next, u, h_post, h_res, carry, xw, rstd)."""
+    """Allocated outputs of the forward: (x_next, u, h_post, h_res, carry, xw, rstd, urstd)."""
     N, n, C = x.shape
     f32 = dict(dtype=torch.float32)
     gates = seam.coef == "gates"
@@ -219,24 +223,26 @@ def _outputs(seam, x):
             x.new_empty(N, n, n, **f32) if gates and seam.res_kind != "identity" else _empty(x),
             x.new_empty(N, n, **f32) if seam.emit_carry else _empty(x),
             x.new_empty(N, seam.k, **f32) if seam.projects else _empty(x),
-            x.new_empty(N, **f32) if seam.projects else _empty(x))
+            x.new_empty(N, **f32) if seam.projects else _empty(x),
+            x.new_empty(N, **f32) if seam.norm else _empty(x))
 
 
 @custom_op("nanochat::hc_seam", mutates_args=())
 def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
           h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
-          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     seam = decode(spec)
     # the kernels assume contiguous rows (the read weights come with their strides)
     x, y, h_post, h_res, w, scale, bias, table = map(_contiguous, (x, y, h_post, h_res, w, scale, bias, table))
     out = _outputs(seam, x)
-    x_next, u, hp_out, hr_out, carry, xw, rstd = out
+    x_next, u, hp_out, hr_out, carry, xw, rstd, urstd = out
     N, _, C = x.shape
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     kernels().seam_forward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(x_next, x), _or(u, x), _or(hp_out, x), _or(hr_out, x), _or(carry, x),
-        _or(xw, x), _or(rstd, x), N, C, seam.eps, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x),
+        _or(xw, x), _or(rstd, x), _or(urstd, x), N, C, seam.eps, seam.eps_u, DOT_PRECISION=dot_precision(x),
+        INT64=needs_int64(x),
         num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
         **seam.forward_constexprs())
     return out
@@ -250,7 +256,8 @@ def _(x, y, h_post, h_res, h_read, w, scale, bias, table, spec):
 @custom_op("nanochat::hc_seam_backward", mutates_args=())
 def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
                    h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
-                   table: Optional[Tensor], x_next: Tensor, xw: Tensor, rstd: Tensor, g_xnext: Optional[Tensor],
+                   table: Optional[Tensor], x_next: Tensor, xw: Tensor, rstd: Tensor, urstd: Tensor,
+                   g_xnext: Optional[Tensor],
                    g_u: Optional[Tensor], g_hpost: Optional[Tensor], g_hres: Optional[Tensor],
                    g_carry: Optional[Tensor], g_xw: Optional[Tensor], g_rstd: Optional[Tensor],
                    spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -266,7 +273,8 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     kernels().seam_backward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-        _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(g_xnext, x), _or(g_u, x), _or(g_hpost, x),
+        _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(urstd, x), _or(g_xnext, x), _or(g_u, x),
+        _or(g_hpost, x),
         _or(g_hres, x), _or(g_carry, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x), _or(ghr, x),
         _or(ghread, x), _or(gz, x), _or(gxw, x), N, C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None,
         HAS_GHPO=g_hpost is not None, HAS_GHRO=g_hres is not None, HAS_GCARRY=g_carry is not None,
@@ -282,8 +290,8 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
 
 
 @_seam_backward.register_fake
-def _(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, g_xnext, g_u, g_hpost, g_hres, g_carry,
-      g_xw, g_rstd, spec):
+def _(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd, g_xnext, g_u, g_hpost, g_hres,
+      g_carry, g_xw, g_rstd, spec):
     return _grad_outputs(decode(spec), x, y, h_read)
 
 
@@ -305,22 +313,23 @@ def _grad_outputs(seam, x, y, h_read):
 
 def _setup(ctx, inputs, output):
     x, y, h_post, h_res, h_read, w, scale, bias, table, spec = inputs
-    x_next, _, _, _, _, xw, rstd = output
+    x_next, _, _, _, _, xw, rstd, urstd = output
     ctx.spec = spec
-    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd)
+    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd)
 
 
 def _present(g):
     return g if g is not None and g.numel() else None
 
 
-def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd):
-    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd = ctx.saved_tensors
+def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd, _g_urstd):
+    # 1 / rms(u) is an output for the backward's sake only: nothing downstream uses it
+    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd = ctx.saved_tensors
     seam = decode(ctx.spec)
     ext = (_present(g_xw), _present(g_rstd))
     if (ext[0] is None) != (ext[1] is None):  # one of the two without the other: a zero for it
         ext = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(ext, (xw, rstd)))
-    grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd,
+    grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd,
                            *map(_present, (g_xnext, g_u, g_hpost, g_hres, g_carry)), *ext, ctx.spec)
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     opt = lambda g, t: g if t is not None and g.numel() else None  # noqa: E731
@@ -419,52 +428,55 @@ def head_target(head):
 
 class SeamOut(NamedTuple):
     x_next: Optional[Tensor]  # the streams written (None when only read through)
-    u: Optional[Tensor]  # the next sub-layer's input, or the reduced state
+    u: Optional[Tensor]  # the next sub-layer's input (normed with `norm`), or the reduced state
     h_post: Optional[Tensor]  # the next layer's post and res weights, for the next seam
     h_res: Optional[Tensor]
     carry: Optional[Tensor]  # delayed pre-weights for the next seam
 
 
-def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False):
+def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False, norm=False):
     """One boundary: X_next (X itself when y is None, else h_res X + h_post^T y with post =
     (h_post, h_res), h_res None for the identity), then, for `target` (an HC layer, the
     learned head, or None), its coefficients and its read of X_next: with `read` None the
     read weights come from the target's projection, else `read` is them (None target) or
     the weights carried in (a layer with delayed pre-weights, which then carries its own on).
-    X (N, n, C); y (N, C); coefficients fp32 per token."""
+    `norm`: the read is a sub-layer's input, written through the model's RMSNorm (its epsilon
+    F.rms_norm's default: that of the dtype it computes in, fp32 for bf16 streams). X (N, n,
+    C); y (N, C); coefficients fp32."""
     n = X.shape[1]
     source = dict(source="given") if y is None else dict(source="post", res_in=post[1] is not None)
+    norm = dict(norm=norm, eps_u=torch.finfo(torch.promote_types(X.dtype, torch.float32)).eps if norm else 0.0)
     if target is None:
-        spec = Seam(n, **source, read="none" if read is None else "given", write_x=write_x, eps=eps)
+        spec = Seam(n, **source, read="none" if read is None else "given", write_x=write_x, eps=eps, **norm)
         return _run(spec, X, y, post, read, None)
     t = layer_target(target) if hasattr(target, "res_map") else head_target(target)
     write_x = write_x or y is not None  # the weight gradient reads X_next
     if t.fields["coef"] == "projection":
-        return _off_chip(X, y, post, read, target, t, source, eps, write_x)
+        return _off_chip(X, y, post, read, target, t, source, eps, write_x, norm)
     delayed = read is not None
     spec = Seam(n, **source, read="given" if delayed else "projected", write_x=write_x, emit_carry=delayed,
-                eps=eps, **t.fields)
+                eps=eps, **norm, **t.fields)
     return _run(spec, X, y, post, read, t)
 
 
 def _run(spec, X, y, post, read, t):
-    x_next, u, h_post, h_res, carry, _, _ = _seam(
+    x_next, u, h_post, h_res, carry, *_ = _seam(
         X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4), spec.encode())
     some = lambda v: v if v.numel() else None  # noqa: E731
     return SeamOut(some(x_next) if spec.write_x else None, some(u), some(h_post), some(h_res), some(carry))
 
 
-def _off_chip(X, y, post, read, layer, t, source, eps, write_x):
+def _off_chip(X, y, post, read, layer, t, source, eps, write_x, norm):
     """A layer whose H_res has no kernel form: the projection in one seam, the coefficients
     in PyTorch (the layer's own gates), the read in a second seam over X_next."""
     spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields)
-    x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
+    x_next, _, _, _, _, xw, rstd, _ = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
     X_next = x_next if write_x else X
     k = layer.weight.shape[1]
     with torch.autocast(X.device.type, enabled=False):  # coefficients in fp32, as everywhere
         h_pre, h_post, h_res = layer.gates(xw[:, :k] * rstd[:, None])
     h_read, carry = (h_pre, None) if read is None else (read, h_pre)
-    reader = Seam(X.shape[1], source="given", read="given", eps=eps)
+    reader = Seam(X.shape[1], source="given", read="given", eps=eps, **norm)
     _, u, *_ = _seam(X_next, None, None, None, h_read, None, None, None, None, reader.encode())
     return SeamOut(x_next if write_x else None, u, h_post, layer.mix_matrix(h_res), carry)
 
@@ -476,18 +488,19 @@ def first_read(X):
     return e0.expand(X.shape[0], X.shape[1])
 
 
-def run(conn, x0, branches, eps):
-    """The trunk of StreamConnections with fused seams: x0 (B, T, C) -> the reduced state."""
+def run(conn, x0, branches, eps, norm=False):
+    """The trunk of StreamConnections with fused seams: x0 (B, T, C) -> the reduced state.
+    `norm`: the branches are the raw sub-layers, and the seams write their inputs normed."""
     B, T, C = x0.shape
     layers = conn.layers
     X = conn.expand(x0).reshape(B * T, conn.n, C)
     delayed = layers[0].delayed_pre
-    out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps)
+    out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps, norm=norm)
     for j, branch in enumerate(branches):
         y = branch(out.u.view(B, T, C)).reshape(B * T, C)
         post = (out.h_post, out.h_res)
         if j + 1 < len(layers):
-            out = seam(X, y, post, read=out.carry, target=layers[j + 1], eps=eps)
+            out = seam(X, y, post, read=out.carry, target=layers[j + 1], eps=eps, norm=norm)
             X = out.x_next
         else:
             return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C)

@@ -301,7 +301,57 @@ def _cayley_inverse(zB, E, MP: tl.constexpr, BLOCK_T: tl.constexpr):
     return M, eye
 
 
+# ----- the sub-layer's input -----
+
+@triton.jit
+def _pre_mix(weights, xn, dtype, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """u = sum_s w_s X_next[s] for one chunk, rounded to the stream dtype (as stored)."""
+    u = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+    for s in tl.static_range(NS):
+        u += weights[s][:, None] * xn[s]
+    return u.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, weights, scale, STORE: tl.constexpr,
+               REVERSE: tl.constexpr, NS: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+               BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A pass over the tile for the sub-layer's input: u = sum_s w_s X_next[s] per chunk, stored
+    times `scale` (a per-token factor: 1, or the input norm's 1 / rms) when STORE, else only
+    sum_c u^2 returned. REVERSE: last chunk first (the most recently read ones are likeliest
+    still in cache after a pass in order)."""
+    sq = tl.zeros((BLOCK_T,), tl.float32)
+    chunks = tl.cdiv(C, BLOCK_C)
+    for i in range(0, chunks):
+        if REVERSE:
+            cc = (chunks - 1 - i) * BLOCK_C + cols
+        else:
+            cc = i * BLOCK_C + cols
+        mask = tmask[:, None] & (cc < C)[None, :]
+        _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+        u = _pre_mix(weights, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+        if STORE:
+            tl.store(u_ptr + row[:, None] * C + cc[None, :], (u * scale[:, None]).to(u_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            sq += tl.sum(u * u, axis=1)
+    return sq
+
+
 # ----- the gates -----
+
+@triton.jit
+def _projected_read(accA, rstd, scale_ptr, bias_ptr, NS: tl.constexpr, KA: tl.constexpr,
+                    READ_EPS: tl.constexpr):
+    """The read weights the projection gives: sigmoid of the pre columns (+ READ_EPS)."""
+    kA = tl.arange(0, KA)
+    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
+    read = ()
+    for s in tl.static_range(NS):
+        read = read + (_column(sA, kA, s) + READ_EPS,)
+    return read
+
+
 
 @triton.jit
 def _logits(acc, rstd, scale_ptr, bias_ptr, offset: tl.constexpr, WIDTH: tl.constexpr):
@@ -317,9 +367,7 @@ def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, h
     """Store the next layer's h_post, h_res (and carried pre-weights); return its read weights."""
     kA = tl.arange(0, KA)
     sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
-    read = ()
-    for s in tl.static_range(NS):
-        read = read + (_column(sA, kA, s) + READ_EPS,)
+    read = _projected_read(accA, rstd, scale_ptr, bias_ptr, NS, KA, READ_EPS)
     if COEF == 2:
         rowA = row[:, None] * NS + kA[None, :]
         tl.store(hpost_out_ptr + rowA - NS, 2.0 * sA, mask=tmask[:, None] & (kA[None, :] >= NS)
@@ -341,13 +389,10 @@ def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row,
                     KA: tl.constexpr, KBX: tl.constexpr, MP: tl.constexpr, READ_EPS: tl.constexpr,
                     EMIT_CARRY: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
                     HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
-    """(dL/dz of block A, of block B, the read weights) from the gradients of what the
-    forward computed from the logits z."""
+    """(dL/dz of block A, of block B) from the gradients of what the forward computed from the
+    logits z."""
     kA = tl.arange(0, KA)
     sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
-    read = ()
-    for s in tl.static_range(NS):
-        read = read + (_column(sA, kA, s) + READ_EPS,)
     rowA = row[:, None] * NS + kA[None, :]
     gA = tl.zeros((BLOCK_T, KA), tl.float32)
     if READ == 2:
@@ -365,19 +410,20 @@ def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row,
         gH = tl.load(ghro_ptr + offs, mask=tmask[:, None] & valid, other=0.0)
         gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), gH, tab_ptr, RES_KIND, SK_ITERS,
                             SK_HIST, NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
-    return gzA, gzB, read
+    return gzA, gzB
 
 
 # ----- the kernels -----
 
 @triton.jit
 def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, carry_ptr, xw_ptr, rstd_ptr, N, C, eps,
-                 NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
-                 COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                 KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
-                 WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, carry_ptr, xw_ptr, rstd_ptr, urstd_ptr, N, C,
+                 eps, eps_u, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+                 READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
+                 NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
+                 READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, NORM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
@@ -390,6 +436,7 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
     accA = tl.zeros((BLOCK_T, KA), tl.float32)
     accB = tl.zeros((BLOCK_T, KBX), tl.float32)
     ss = tl.zeros((BLOCK_T,), tl.float32)
+    usq = tl.zeros((BLOCK_T,), tl.float32)
     for c0 in range(0, C, BLOCK_C):
         cc = c0 + cols
         cmask = cc < C
@@ -409,10 +456,12 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                                    input_precision=DOT_PRECISION)
                 ss += tl.sum(xn[s] * xn[s], axis=1)
         if READ == 1:
-            u = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-            for s in tl.static_range(NS):
-                u += given[s][:, None] * xn[s]
-            tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+            u = _pre_mix(given, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+            if NORM:
+                usq += tl.sum(u * u, axis=1)
+            else:
+                tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+    read = given
     if COEF > 0:
         rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
         tl.store(xw_ptr + row[:, None] * K + kA[None, :], accA, mask=tmask[:, None])
@@ -420,34 +469,38 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
             tl.store(xw_ptr + row[:, None] * K + KA + kB[None, :], accB, mask=tmask[:, None])
         tl.store(rstd_ptr + row, rstd, mask=tmask)
         if COEF > 1:
-            read = _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr,
-                                  hres_out_ptr, carry_ptr, NS, NP, COEF, RES_KIND, SK_ITERS, NUM_GROUPS, KA, KBX,
-                                  MP, READ_EPS, EMIT_CARRY, BLOCK_T)
+            projected = _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr,
+                                       hres_out_ptr, carry_ptr, NS, NP, COEF, RES_KIND, SK_ITERS, NUM_GROUPS, KA,
+                                       KBX, MP, READ_EPS, EMIT_CARRY, BLOCK_T)
             if READ == 2:
-                # The read weights need the whole projection: a second pass over the tile, last
-                # chunk first (the most recently read ones are likeliest still in cache).
-                chunks = tl.cdiv(C, BLOCK_C)
-                for i in range(0, chunks):
-                    cc = (chunks - 1 - i) * BLOCK_C + cols
-                    mask = tmask[:, None] & (cc < C)[None, :]
-                    _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-                    u = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-                    for s in tl.static_range(NS):
-                        u += read[s][:, None] * xn[s]
-                    tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+                read = projected
+    # The read weights from the projection need all of it first, and the sub-layer's input norm
+    # (NORM) all of u: one or two more passes over the tile, from cache.
+    ones = tl.full((BLOCK_T,), 1.0, tl.float32)
+    if NORM:
+        if READ == 2:
+            usq = _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, False, True, NS,
+                             SOURCE, RES_IN, BLOCK_T, BLOCK_C)
+        urstd = 1.0 / tl.sqrt(usq / C + eps_u)
+        tl.store(urstd_ptr + row, urstd, mask=tmask)
+        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1, NS, SOURCE,
+                   RES_IN, BLOCK_T, BLOCK_C)
+    elif READ == 2:
+        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, True, True, NS, SOURCE, RES_IN,
+                   BLOCK_T, BLOCK_C)
 
 
 @triton.jit
 def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                  tab_ptr, xw_ptr, rstd_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gcarry_ptr, gxw_ext_ptr,
+                  tab_ptr, xw_ptr, rstd_ptr, urstd_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gcarry_ptr, gxw_ext_ptr,
                   grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gxw_ptr, N, C,
                   NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
                   COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
                   NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
-                  READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
-                  HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr, HAS_GEXT: tl.constexpr,
-                  NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr, INT64: tl.constexpr,
-                  MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                  READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, NORM: tl.constexpr, HAS_GXO: tl.constexpr,
+                  HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr,
+                  HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  INT64: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
@@ -457,39 +510,62 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
     kB = tl.arange(0, KBX)
     hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
     read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
-
-    # The projection's gradient: dL/dz of the gates on chip (COEF > 1), which for projected
-    # read weights first needs dL/dh_read = sum_c g_u X_next (one pass over the tile), or
-    # given by the caller (COEF 1: the coefficients were computed off chip).
-    gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
-    gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
-    coefx = tl.zeros((BLOCK_T,), tl.float32)
     if COEF > 0:
         accA = tl.load(xw_ptr + row[:, None] * K + kA[None, :], mask=tmask[:, None], other=0.0)
         accB = tl.zeros((BLOCK_T, KBX), tl.float32)
         if KB > 0:
             accB = tl.load(xw_ptr + row[:, None] * K + KA + kB[None, :], mask=tmask[:, None], other=0.0)
         rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
+        if READ == 2:
+            read = _projected_read(accA, rstd, scale_ptr, bias_ptr, NS, KA, READ_EPS)
+    urstd = tl.zeros((BLOCK_T,), tl.float32)
+    if NORM:
+        urstd = tl.load(urstd_ptr + row, mask=tmask, other=0.0)
+
+    # The read weights' gradient, dL/dw_s = sum_c g_u X_next[s], needs a pass over the tile
+    # before anything else when the weights come from the projection (its gradient feeds
+    # dL/dX_next); so does the input norm's (NORM), whose g_u = (g_v - v mean(g_v v)) / rms
+    # needs sum_c g_v v. With the norm, dL/dw_s = (sum g_v X_s - mean(g_v v) sum v X_s) / rms.
+    g_read = _zeros_tuple(NS, BLOCK_T)
+    vdot = tl.zeros((BLOCK_T,), tl.float32)
+    if HAS_GU and (NORM or (READ == 2 and COEF > 1)):
+        vx = _zeros_tuple(NS, BLOCK_T)
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + cols
+            mask = tmask[:, None] & (cc < C)[None, :]
+            _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+            gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+            new_g = ()
+            new_v = ()
+            if NORM:
+                v = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C) * urstd[:, None]
+                vdot += tl.sum(gu * v, axis=1)
+                for s in tl.static_range(NS):
+                    new_v = new_v + (vx[s] + tl.sum(v * xn[s], axis=1),)
+                vx = new_v
+            for s in tl.static_range(NS):
+                new_g = new_g + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
+            g_read = new_g
+        vdot = vdot / C
+        if NORM:
+            new_g = ()
+            for s in tl.static_range(NS):
+                new_g = new_g + (urstd * (g_read[s] - vdot * vx[s]),)
+            g_read = new_g
+
+    # The projection's gradient: dL/dz of the gates on chip (COEF > 1), or given by the caller
+    # (COEF 1: the coefficients were computed off chip).
+    gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
+    gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
+    coefx = tl.zeros((BLOCK_T,), tl.float32)
+    if COEF > 0:
         gxwnA = tl.zeros((BLOCK_T, KA), tl.float32)
         gxwnB = tl.zeros((BLOCK_T, KBX), tl.float32)
         if COEF > 1:
-            g_read = _zeros_tuple(NS, BLOCK_T)
-            if READ == 2 and HAS_GU:
-                for c0 in range(0, C, BLOCK_C):
-                    cc = c0 + cols
-                    mask = tmask[:, None] & (cc < C)[None, :]
-                    _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-                    gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-                    new = ()
-                    for s in tl.static_range(NS):
-                        new = new + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
-                    g_read = new
-            gzA, gzB, projected = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask,
-                                                  ghpo_ptr, ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND,
-                                                  SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, MP, READ_EPS,
-                                                  EMIT_CARRY, HAS_GHPO, HAS_GHRO, HAS_GCARRY, BLOCK_T)
-            if READ == 2:
-                read = projected
+            gzA, gzB = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr,
+                                       ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND, SK_ITERS, SK_HIST,
+                                       NUM_GROUPS, KA, KBX, MP, READ_EPS, EMIT_CARRY, HAS_GHPO, HAS_GHRO, HAS_GCARRY,
+                                       BLOCK_T)
             tl.store(gz_ptr + row[:, None] * K + kA[None, :], gzA, mask=tmask[:, None])
             gxwnA = gzA * tl.load(scale_ptr + kA)[None, :]
             if KB > 0:
@@ -523,6 +599,9 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
         gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
         if READ > 0 and HAS_GU:
             gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+            if NORM:  # the gradient of the normed input v, turned into u's
+                v = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C) * urstd[:, None]
+                gu = urstd[:, None] * (gu - v * vdot[:, None])
         G = ()
         for s in tl.static_range(NS):
             g = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
@@ -540,7 +619,7 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                                 input_precision=DOT_PRECISION)
                 g += coefx[:, None] * xn[s]
             G = G + (g,)
-        if READ == 1 and NEED_GHREAD:
+        if READ == 1 and NEED_GHREAD and not NORM:
             new = ()
             for s in tl.static_range(NS):
                 new = new + (g_hread[s] + tl.sum(gu * xn[s], axis=1),)
@@ -578,6 +657,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
             for q in tl.static_range(NS * NS):
                 tl.store(ghr_ptr + row * (NS * NS) + q, g_hr[q], mask=tmask)
     if READ == 1 and NEED_GHREAD:
+        if NORM:
+            g_hread = g_read
         for s in tl.static_range(NS):
             tl.store(ghread_ptr + row * NS + s, g_hread[s], mask=tmask)
 
