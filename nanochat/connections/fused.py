@@ -118,10 +118,13 @@ class Seam:
                layer's), "head" (the learned head's)
     res_kind   (gates) the ResMap kind; sk_iters, groups, m_pad: Sinkhorn rounds, mixture
                groups, the side of go-mHC's padded tiles
-    ka, kb     the projection's column blocks (pre | post, or every column off chip; res)
-    write_x    store X_next; emit_carry: store the pre-weights for the next seam (delayed)
-    norm       the read is the sub-layer's input: write it through the model's RMSNorm (eps_u its
-               epsilon), norm(u), and keep 1 / rms(u) for backward"""
+    k, a_cols  the projection's columns (W is n C x k) and how many of them block A holds
+    ka, kb     the register blocks' widths: A (pre | post, the head's, or every column off
+               chip), B (the res logits)
+    write_x    store X_next; emit_carry: the projected pre-weights go to the next seam
+               (delayed pre-weights) rather than being read now
+    norm       the read is the sub-layer's input: write it through the model's RMSNorm (eps_u
+               its epsilon)"""
     n: int
     source: str = "given"
     res_in: bool = True
@@ -131,6 +134,8 @@ class Seam:
     sk_iters: int = 0
     groups: int = 0
     m_pad: int = 4
+    k: int = 0
+    a_cols: int = 0
     ka: int = 16
     kb: int = 0
     read_eps: float = 0.0
@@ -144,10 +149,6 @@ class Seam:
         return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
 
     @property
-    def k(self):
-        return self.ka + self.kb
-
-    @property
     def projects(self):
         return self.coef != "none"
 
@@ -159,8 +160,8 @@ class Seam:
         """The kernels' compile-time arguments."""
         return dict(NS=self.n, NP=kernel_np(self.n), SOURCE=SOURCES.index(self.source), RES_IN=int(self.res_in),
                     READ=READS.index(self.read), COEF=COEFS.index(self.coef), RES_KIND=RES_KINDS.index(self.res_kind),
-                    SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, MP=self.m_pad, KA=self.ka, KB=self.kb,
-                    KBX=self.kb or 16, READ_EPS=self.read_eps, EMIT_CARRY=self.emit_carry, NORM=self.norm,
+                    SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, MP=self.m_pad, K=self.k, A_COLS=self.a_cols,
+                    KA=self.ka, KB=self.kb, KBX=self.kb or 16, READ_EPS=self.read_eps, NORM=self.norm,
                     BLOCK_T=BLOCK_T, BLOCK_C=block_c(self.n))
 
     def forward_constexprs(self):
@@ -177,7 +178,7 @@ def describe(constexprs):
     c = constexprs
     source = SOURCES[c["SOURCE"]] + ("" if c["SOURCE"] == 0 or c["RES_IN"] else " (H_res = I)")
     coef = COEFS[c["COEF"]] + (f" {RES_KINDS[c['RES_KIND']]}" if c["COEF"] == 2 else "")
-    read = READS[c["READ"]] + " read" + (", carry" if c["EMIT_CARRY"] else "")
+    read = READS[c["READ"]] + " read" + (", normed" if c["NORM"] else "")
     return " > ".join((source, coef, read))
 
 
@@ -213,37 +214,35 @@ def _empty(x):
 
 
 def _outputs(seam, x):
-    """Allocated outputs of the forward: (x_next, u, h_post, h_res, carry, xw, rstd, urstd)."""
+    """Allocated outputs of the forward: (x_next, u, h_post, h_res, pre, xw, rstd): the
+    projected pre-weights `pre` on chip (carried on, or kept for backward), the projection and
+    its 1 / rms off chip (the coefficients' input)."""
     N, n, C = x.shape
     f32 = dict(dtype=torch.float32)
-    gates = seam.coef == "gates"
+    gates, off_chip = seam.coef == "gates", seam.coef == "projection"
     return (torch.empty_like(x) if seam.write_x else _empty(x),
             x.new_empty(N, C) if seam.read != "none" else _empty(x),
             x.new_empty(N, n, **f32) if gates else _empty(x),
             x.new_empty(N, n, n, **f32) if gates and seam.res_kind != "identity" else _empty(x),
-            x.new_empty(N, n, **f32) if seam.emit_carry else _empty(x),
-            x.new_empty(N, seam.k, **f32) if seam.projects else _empty(x),
-            x.new_empty(N, **f32) if seam.projects else _empty(x),
-            x.new_empty(N, **f32) if seam.norm else _empty(x))
+            x.new_empty(N, n, **f32) if seam.on_chip else _empty(x),
+            x.new_empty(N, seam.k, **f32) if off_chip else _empty(x),
+            x.new_empty(N, **f32) if off_chip else _empty(x))
 
 
 @custom_op("nanochat::hc_seam", mutates_args=())
 def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
           h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
-          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     seam = decode(spec)
     # the kernels assume contiguous rows (the read weights come with their strides)
     x, y, h_post, h_res, w, scale, bias, table = map(_contiguous, (x, y, h_post, h_res, w, scale, bias, table))
     out = _outputs(seam, x)
-    x_next, u, hp_out, hr_out, carry, xw, rstd, urstd = out
     N, _, C = x.shape
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     kernels().seam_forward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-        _or(bias, x), _or(table, x), _or(x_next, x), _or(u, x), _or(hp_out, x), _or(hr_out, x), _or(carry, x),
-        _or(xw, x), _or(rstd, x), _or(urstd, x), N, C, seam.eps, seam.eps_u, DOT_PRECISION=dot_precision(x),
-        INT64=needs_int64(x),
-        num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
+        _or(bias, x), _or(table, x), *(_or(o, x) for o in out), N, C, seam.eps, seam.eps_u,
+        DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
         **seam.forward_constexprs())
     return out
 
@@ -256,42 +255,41 @@ def _(x, y, h_post, h_res, h_read, w, scale, bias, table, spec):
 @custom_op("nanochat::hc_seam_backward", mutates_args=())
 def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
                    h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
-                   table: Optional[Tensor], x_next: Tensor, xw: Tensor, rstd: Tensor, urstd: Tensor,
-                   g_xnext: Optional[Tensor],
-                   g_u: Optional[Tensor], g_hpost: Optional[Tensor], g_hres: Optional[Tensor],
-                   g_carry: Optional[Tensor], g_xw: Optional[Tensor], g_rstd: Optional[Tensor],
-                   spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   table: Optional[Tensor], x_next: Tensor, pre: Tensor, xw: Tensor, rstd: Tensor,
+                   g_xnext: Optional[Tensor], g_u: Optional[Tensor], g_hpost: Optional[Tensor],
+                   g_hres: Optional[Tensor], g_pre: Optional[Tensor], g_xw: Optional[Tensor],
+                   g_rstd: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                 Tensor]:
     seam = decode(spec)
-    x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd = map(
-        _contiguous, (x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw,
-                      g_rstd))
+    x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd = map(
+        _contiguous, (x, y, h_post, h_res, w, scale, bias, table, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd))
     grads = _grad_outputs(seam, x, y, h_read)
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     N, _, C = x.shape
-    gz = x.new_empty(N, seam.k, dtype=torch.float32) if seam.on_chip else _empty(x)
-    gxw = x.new_empty(N, seam.k, dtype=torch.float32) if seam.projects else _empty(x)
+    per_token = [x.new_empty(N, seam.k, dtype=torch.float32) if cond else _empty(x)
+                 for cond in (seam.on_chip, seam.on_chip, seam.projects)]
+    gz, gzx, gxw = per_token
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     kernels().seam_backward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-        _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(urstd, x), _or(g_xnext, x), _or(g_u, x),
-        _or(g_hpost, x),
-        _or(g_hres, x), _or(g_carry, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x), _or(ghr, x),
-        _or(ghread, x), _or(gz, x), _or(gxw, x), N, C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None,
-        HAS_GHPO=g_hpost is not None, HAS_GHRO=g_hres is not None, HAS_GCARRY=g_carry is not None,
-        HAS_GEXT=g_xw is not None, NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x),
-        INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS, **seam.backward_constexprs())
+        _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(pre, x), _or(g_xnext, x), _or(g_u, x),
+        _or(g_hpost, x), _or(g_hres, x), _or(g_pre, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x),
+        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), N, C, seam.eps, seam.eps_u,
+        HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
+        HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
+        NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS,
+        maxnreg=MAX_REGISTERS, **seam.backward_constexprs())
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
-    if seam.on_chip:
-        # the per-token gradients of z = scale * (xW * rstd) + bias, summed over tokens
+    if seam.on_chip:  # the per-token gradients of z = scale * x'W + bias, summed over tokens
         gbias.copy_(gz.sum(0))
-        gscale.copy_((gz * xw * rstd[:, None]).sum(0))
+        gscale.copy_(gzx.sum(0))
     return grads
 
 
 @_seam_backward.register_fake
-def _(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd, g_xnext, g_u, g_hpost, g_hres,
-      g_carry, g_xw, g_rstd, spec):
+def _(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd, g_xnext, g_u, g_hpost, g_hres,
+      g_pre, g_xw, g_rstd, spec):
     return _grad_outputs(decode(spec), x, y, h_read)
 
 
@@ -313,24 +311,22 @@ def _grad_outputs(seam, x, y, h_read):
 
 def _setup(ctx, inputs, output):
     x, y, h_post, h_res, h_read, w, scale, bias, table, spec = inputs
-    x_next, _, _, _, _, xw, rstd, urstd = output
+    x_next, _, _, _, pre, xw, rstd = output
     ctx.spec = spec
-    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd)
+    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd)
 
 
 def _present(g):
     return g if g is not None and g.numel() else None
 
 
-def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_carry, g_xw, g_rstd, _g_urstd):
-    # 1 / rms(u) is an output for the backward's sake only: nothing downstream uses it
-    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd = ctx.saved_tensors
-    seam = decode(ctx.spec)
+def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd):
+    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd = ctx.saved_tensors
     ext = (_present(g_xw), _present(g_rstd))
     if (ext[0] is None) != (ext[1] is None):  # one of the two without the other: a zero for it
         ext = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(ext, (xw, rstd)))
-    grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, xw, rstd, urstd,
-                           *map(_present, (g_xnext, g_u, g_hpost, g_hres, g_carry)), *ext, ctx.spec)
+    grads = _seam_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd,
+                           *map(_present, (g_xnext, g_u, g_hpost, g_hres, g_pre)), *ext, ctx.spec)
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     opt = lambda g, t: g if t is not None and g.numel() else None  # noqa: E731
     return (gx, opt(gy, y), opt(ghp, h_post), opt(ghr, h_res), opt(ghread, h_read), opt(gw, w), opt(gscale, scale),
@@ -384,8 +380,9 @@ def weight_grad(x, g):
 # ----- the layers' coefficients in the kernels' layout -----
 
 class Target(NamedTuple):
-    """What a seam projects for: its column layout (Seam fields) and the tensors, in the
-    kernels' layout and differentiable w.r.t. the module's parameters."""
+    """What a seam projects for: its columns (Seam fields) and its tensors, the layer's own
+    (differentiable w.r.t. its parameters): W (n C, k) with the norm weight folded in, the
+    alpha of each column, the biases, and the constants of its H_res map."""
     fields: dict
     w: Tensor
     scale: Tensor
@@ -393,8 +390,8 @@ class Target(NamedTuple):
     table: Optional[Tensor]
 
 
-def _pad_columns(t, width):
-    return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+def _block(columns):
+    return max(16, next_power_of_two(columns))
 
 
 def layer_target(layer):
@@ -402,26 +399,20 @@ def layer_target(layer):
     res logits; or, for a map with no kernel form, every column in block A (off chip)."""
     n, res_map = layer.n, layer.res_map
     w, scale, bias = layer.projection_weight(), layer.column_scale(), layer.bias
+    k = w.shape[1]
     if res_map.kind is None:
-        ka = max(16, next_power_of_two(w.shape[1]))
-        return Target(dict(coef="projection", ka=ka, kb=0), _pad_columns(w, ka), _pad_columns(scale, ka),
-                      _pad_columns(bias, ka), None)
-    ka = max(16, next_power_of_two(2 * n))
-    kb = res_map.kernel_width()
-
-    def layout(t):
-        return torch.cat([_pad_columns(t[..., :2 * n], ka), res_map.kernel_layout(t[..., 2 * n:])], dim=-1)
-
-    fields = dict(coef="gates", ka=ka, kb=kb, res_kind=res_map.kind, sk_iters=getattr(res_map, "iters", 0),
-                  groups=len(getattr(res_map, "groups", ())), m_pad=cayley_pad(getattr(res_map, "m", 1)))
-    return Target(fields, layout(w), layout(scale), layout(bias), res_map.table())
+        return Target(dict(coef="projection", k=k, a_cols=k, ka=_block(k), kb=0), w, scale, bias, None)
+    fields = dict(coef="gates", k=k, a_cols=2 * n, ka=_block(2 * n), kb=res_map.kernel_width(), res_kind=res_map.kind,
+                  sk_iters=getattr(res_map, "iters", 0), groups=len(getattr(res_map, "groups", ())),
+                  m_pad=cayley_pad(getattr(res_map, "m", 1)))
+    return Target(fields, w, scale, bias, res_map.table())
 
 
 def head_target(head):
     """DeepSeek-V4's learned head (trunk.LearnedHead): sigmoid(a * x'W + b) + eps, x' without a weight."""
-    ka = max(16, next_power_of_two(head.n))
-    return Target(dict(coef="head", ka=ka, kb=0, read_eps=head.eps), _pad_columns(head.weight, ka),
-                  _pad_columns(head.alpha.expand(head.n), ka), _pad_columns(head.bias, ka), None)
+    n = head.n
+    return Target(dict(coef="head", k=n, a_cols=n, ka=_block(n), kb=0, read_eps=head.eps), head.weight,
+                  head.alpha.expand(n), head.bias, None)
 
 
 # ----- the seams of the trunk -----
@@ -460,21 +451,21 @@ def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=
 
 
 def _run(spec, X, y, post, read, t):
-    x_next, u, h_post, h_res, carry, *_ = _seam(
+    x_next, u, h_post, h_res, pre, *_ = _seam(
         X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4), spec.encode())
     some = lambda v: v if v.numel() else None  # noqa: E731
-    return SeamOut(some(x_next) if spec.write_x else None, some(u), some(h_post), some(h_res), some(carry))
+    return SeamOut(some(x_next) if spec.write_x else None, some(u), some(h_post), some(h_res),
+                   pre if spec.emit_carry else None)
 
 
 def _off_chip(X, y, post, read, layer, t, source, eps, write_x, norm):
     """A layer whose H_res has no kernel form: the projection in one seam, the coefficients
     in PyTorch (the layer's own gates), the read in a second seam over X_next."""
     spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields)
-    x_next, _, _, _, _, xw, rstd, _ = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
+    x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
     X_next = x_next if write_x else X
-    k = layer.weight.shape[1]
     with torch.autocast(X.device.type, enabled=False):  # coefficients in fp32, as everywhere
-        h_pre, h_post, h_res = layer.gates(xw[:, :k] * rstd[:, None])
+        h_pre, h_post, h_res = layer.gates(xw * rstd[:, None])
     h_read, carry = (h_pre, None) if read is None else (read, h_pre)
     reader = Seam(X.shape[1], source="given", read="given", eps=eps, **norm)
     _, u, *_ = _seam(X_next, None, None, None, h_read, None, None, None, None, reader.encode())

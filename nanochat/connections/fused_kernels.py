@@ -12,10 +12,10 @@ Three kernels:
                  (a block of D x token chunks per program, no atomics), summed by the caller.
 
 Layouts: streams (N, NS, C) contiguous in the stream dtype; per-token coefficients fp32,
-h_post (N, NS), h_res (N, NS, NS) with h_res[t, s] the weight of stream s in stream t;
-the projection in the column layout fused.kernel_weights builds: block A (KA columns, pre
-at [0, NS), post at [NS, 2 NS); or every column off chip), block B (KB columns, the res
-logits as res_maps.ResMap.kernel_positions places them, NP x NP for the square maps).
+h_post (N, NS), h_res (N, NS, NS) with h_res[t, s] the weight of stream s in stream t; the
+projection W (n C, K) as the layer holds it, its K columns [pre | post | res] read as two
+register blocks: A (KA wide: pre | post, the head's or, off chip, every column) and B (KB
+wide: the res logits, an NP x NP block for the square maps, res_maps.ResMap.kernel_width).
 Every stream value X_next is rounded to the stream dtype before anything reads it, as the
 layer-by-layer path stores and reloads it; arithmetic is fp32; each stored result is
 rounded once. Gradients of X_next recompute X_next from X and y instead of keeping it.
@@ -341,41 +341,70 @@ def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, weights, scale,
 # ----- the gates -----
 
 @triton.jit
-def _projected_read(accA, rstd, scale_ptr, bias_ptr, NS: tl.constexpr, KA: tl.constexpr,
-                    READ_EPS: tl.constexpr):
-    """The read weights the projection gives: sigmoid of the pre columns (+ READ_EPS)."""
-    kA = tl.arange(0, KA)
-    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
-    read = ()
-    for s in tl.static_range(NS):
-        read = read + (_column(sA, kA, s) + READ_EPS,)
-    return read
-
+def _columns_a(KA: tl.constexpr, A_COLS: tl.constexpr):
+    """Block A's columns: the projection's first A_COLS columns (pre | post, the head's, or all
+    of an off-chip projection's), in order."""
+    j = tl.arange(0, KA)
+    return j, j < A_COLS
 
 
 @triton.jit
-def _logits(acc, rstd, scale_ptr, bias_ptr, offset: tl.constexpr, WIDTH: tl.constexpr):
-    k = tl.arange(0, WIDTH)
-    return acc * rstd[:, None] * tl.load(scale_ptr + offset + k)[None, :] + tl.load(bias_ptr + offset + k)[None, :]
+def _columns_b(KBX: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, RES_KIND: tl.constexpr,
+               A_COLS: tl.constexpr, K: tl.constexpr):
+    """Block B's columns -> the projection's res columns: a square map's block is NP x NP (column
+    t * NP + s holds logit t * n + s), the others' hold the logits in order."""
+    j = tl.arange(0, KBX)
+    if RES_KIND == 1 or RES_KIND == 2:
+        idx = A_COLS + (j // NP) * NS + j % NP
+        valid = (j // NP < NS) & (j % NP < NS)
+    else:
+        idx = A_COLS + j
+        valid = idx < K
+    return idx, valid
+
+
+@triton.jit
+def _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C, K: tl.constexpr,
+                   KB: tl.constexpr, NS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One chunk's share of the projection x W (tensor cores, per stream) and of sum(x^2)."""
+    for s in tl.static_range(NS):
+        wrow = (s * C + cc)[:, None] * K
+        accA += tl.dot(xn[s], tl.load(w_ptr + wrow + idxA[None, :], mask=cmask[:, None] & validA[None, :],
+                                      other=0.0), input_precision=DOT_PRECISION)
+        if KB > 0:
+            accB += tl.dot(xn[s], tl.load(w_ptr + wrow + idxB[None, :], mask=cmask[:, None] & validB[None, :],
+                                          other=0.0), input_precision=DOT_PRECISION)
+        ss += tl.sum(xn[s] * xn[s], axis=1)
+    return accA, accB, ss
+
+
+@triton.jit
+def _logits(acc, rstd, scale_ptr, bias_ptr, idx, valid):
+    """z = scale * (x W) / rms + bias on a block's columns (0 past the used ones)."""
+    scale = tl.load(scale_ptr + idx, mask=valid, other=0.0)
+    bias = tl.load(bias_ptr + idx, mask=valid, other=0.0)
+    return acc * rstd[:, None] * scale[None, :] + bias[None, :]
 
 
 @triton.jit
 def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr, hres_out_ptr,
-                   carry_ptr, NS: tl.constexpr, NP: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
-                   SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KBX: tl.constexpr,
-                   MP: tl.constexpr, READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Store the next layer's h_post, h_res (and carried pre-weights); return its read weights."""
+                   pre_ptr, idxA, validA, idxB, validB, NS: tl.constexpr, NP: tl.constexpr, COEF: tl.constexpr,
+                   RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, KA: tl.constexpr,
+                   KBX: tl.constexpr, MP: tl.constexpr, READ_EPS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Store the layer's pre-weights (read now or carried to the next seam; kept for backward),
+    h_post and h_res; return the pre-weights."""
     kA = tl.arange(0, KA)
-    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
-    read = _projected_read(accA, rstd, scale_ptr, bias_ptr, NS, KA, READ_EPS)
+    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, idxA, validA))
+    rowA = row[:, None] * NS + kA[None, :]
+    tl.store(pre_ptr + rowA, sA + READ_EPS, mask=tmask[:, None] & (kA[None, :] < NS))
+    read = ()
+    for s in tl.static_range(NS):
+        read = read + (_column(sA, kA, s) + READ_EPS,)
     if COEF == 2:
-        rowA = row[:, None] * NS + kA[None, :]
         tl.store(hpost_out_ptr + rowA - NS, 2.0 * sA, mask=tmask[:, None] & (kA[None, :] >= NS)
                  & (kA[None, :] < 2 * NS))
-        if EMIT_CARRY:
-            tl.store(carry_ptr + rowA, sA, mask=tmask[:, None] & (kA[None, :] < NS))
         if RES_KIND > 0:
-            H = _res_forward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), tab_ptr, RES_KIND, SK_ITERS,
+            H = _res_forward(_logits(accB, rstd, scale_ptr, bias_ptr, idxB, validB), tab_ptr, RES_KIND, SK_ITERS,
                              NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
             offs, valid = _square_offsets(row, NS, NP)
             tl.store(hres_out_ptr + offs, H, mask=tmask[:, None] & valid)
@@ -384,22 +413,21 @@ def _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, h
 
 @triton.jit
 def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr, ghro_ptr,
-                    gcarry_ptr, NS: tl.constexpr, NP: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
-                    RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                    KA: tl.constexpr, KBX: tl.constexpr, MP: tl.constexpr, READ_EPS: tl.constexpr,
-                    EMIT_CARRY: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
-                    HAS_GCARRY: tl.constexpr, BLOCK_T: tl.constexpr):
+                    gpre_ptr, idxA, validA, idxB, validB, NS: tl.constexpr, NP: tl.constexpr, READ: tl.constexpr,
+                    COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
+                    NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KBX: tl.constexpr, MP: tl.constexpr,
+                    HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, BLOCK_T: tl.constexpr):
     """(dL/dz of block A, of block B) from the gradients of what the forward computed from the
-    logits z."""
+    logits z: the pre-weights read (g_read) or carried on (the pre output's), h_post, h_res."""
     kA = tl.arange(0, KA)
-    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, 0, KA))
+    sA = _sigmoid(_logits(accA, rstd, scale_ptr, bias_ptr, idxA, validA))
     rowA = row[:, None] * NS + kA[None, :]
     gA = tl.zeros((BLOCK_T, KA), tl.float32)
     if READ == 2:
         for s in tl.static_range(NS):
             gA = tl.where(kA[None, :] == s, g_read[s][:, None], gA)
-    if EMIT_CARRY and HAS_GCARRY:
-        gA += tl.load(gcarry_ptr + rowA, mask=tmask[:, None] & (kA[None, :] < NS), other=0.0)
+    if HAS_GPRE:
+        gA += tl.load(gpre_ptr + rowA, mask=tmask[:, None] & (kA[None, :] < NS), other=0.0)
     if COEF == 2 and HAS_GHPO:
         gA += 2.0 * tl.load(ghpo_ptr + rowA - NS, mask=tmask[:, None] & (kA[None, :] >= NS)
                             & (kA[None, :] < 2 * NS), other=0.0)
@@ -408,31 +436,34 @@ def _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row,
     if COEF == 2 and RES_KIND > 0 and HAS_GHRO:
         offs, valid = _square_offsets(row, NS, NP)
         gH = tl.load(ghro_ptr + offs, mask=tmask[:, None] & valid, other=0.0)
-        gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, KA, KBX), gH, tab_ptr, RES_KIND, SK_ITERS,
-                            SK_HIST, NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
+        gzB = _res_backward(_logits(accB, rstd, scale_ptr, bias_ptr, idxB, validB), gH, tab_ptr, RES_KIND,
+                            SK_ITERS, SK_HIST, NUM_GROUPS, NS, NP, KBX, MP, BLOCK_T)
     return gzA, gzB
+
+
+@triton.jit
+def _store_columns(ptr, row, tmask, tile, idx, valid, K: tl.constexpr):
+    tl.store(ptr + row[:, None] * K + idx[None, :], tile, mask=tmask[:, None] & valid[None, :])
 
 
 # ----- the kernels -----
 
 @triton.jit
 def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, carry_ptr, xw_ptr, rstd_ptr, urstd_ptr, N, C,
-                 eps, eps_u, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
-                 READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
-                 NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
-                 READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, EMIT_CARRY: tl.constexpr, NORM: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_C: tl.constexpr):
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, C, eps, eps_u,
+                 NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
+                 COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                 K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
+                 READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
     cols = tl.arange(0, BLOCK_C)
-    K: tl.constexpr = KA + KB
-    kA = tl.arange(0, KA)
-    kB = tl.arange(0, KBX)
+    idxA, validA = _columns_a(KA, A_COLS)
+    idxB, validB = _columns_b(KBX, NS, NP, RES_KIND, A_COLS, K)
     hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
-    given = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
+    read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
     accA = tl.zeros((BLOCK_T, KA), tl.float32)
     accB = tl.zeros((BLOCK_T, KBX), tl.float32)
     ss = tl.zeros((BLOCK_T,), tl.float32)
@@ -447,31 +478,23 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                 tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
                          xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
         if COEF > 0:
-            for s in tl.static_range(NS):
-                wrow = (s * C + cc)[:, None] * K
-                accA += tl.dot(xn[s], tl.load(w_ptr + wrow + kA[None, :], mask=cmask[:, None], other=0.0),
-                               input_precision=DOT_PRECISION)
-                if KB > 0:
-                    accB += tl.dot(xn[s], tl.load(w_ptr + wrow + KA + kB[None, :], mask=cmask[:, None], other=0.0),
-                                   input_precision=DOT_PRECISION)
-                ss += tl.sum(xn[s] * xn[s], axis=1)
+            accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C, K,
+                                            KB, NS, DOT_PRECISION)
         if READ == 1:
-            u = _pre_mix(given, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+            u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
             if NORM:
                 usq += tl.sum(u * u, axis=1)
             else:
                 tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
-    read = given
     if COEF > 0:
         rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
-        tl.store(xw_ptr + row[:, None] * K + kA[None, :], accA, mask=tmask[:, None])
-        if KB > 0:
-            tl.store(xw_ptr + row[:, None] * K + KA + kB[None, :], accB, mask=tmask[:, None])
-        tl.store(rstd_ptr + row, rstd, mask=tmask)
-        if COEF > 1:
+        if COEF == 1:  # the coefficients are computed off chip, from these
+            _store_columns(xw_ptr, row, tmask, accA, idxA, validA, K)
+            tl.store(rstd_ptr + row, rstd, mask=tmask)
+        else:
             projected = _gates_forward(accA, accB, rstd, scale_ptr, bias_ptr, tab_ptr, row, tmask, hpost_out_ptr,
-                                       hres_out_ptr, carry_ptr, NS, NP, COEF, RES_KIND, SK_ITERS, NUM_GROUPS, KA,
-                                       KBX, MP, READ_EPS, EMIT_CARRY, BLOCK_T)
+                                       hres_out_ptr, pre_ptr, idxA, validA, idxB, validB, NS, NP, COEF, RES_KIND,
+                                       SK_ITERS, NUM_GROUPS, KA, KBX, MP, READ_EPS, BLOCK_T)
             if READ == 2:
                 read = projected
     # The read weights from the projection need all of it first, and the sub-layer's input norm
@@ -482,7 +505,6 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
             usq = _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, False, True, NS,
                              SOURCE, RES_IN, BLOCK_T, BLOCK_C)
         urstd = 1.0 / tl.sqrt(usq / C + eps_u)
-        tl.store(urstd_ptr + row, urstd, mask=tmask)
         _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1, NS, SOURCE,
                    RES_IN, BLOCK_T, BLOCK_C)
     elif READ == 2:
@@ -492,97 +514,110 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
 
 @triton.jit
 def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                  tab_ptr, xw_ptr, rstd_ptr, urstd_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gcarry_ptr, gxw_ext_ptr,
-                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gxw_ptr, N, C,
-                  NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
-                  COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr,
-                  NUM_GROUPS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
-                  READ_EPS: tl.constexpr, EMIT_CARRY: tl.constexpr, NORM: tl.constexpr, HAS_GXO: tl.constexpr,
-                  HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr, HAS_GCARRY: tl.constexpr,
-                  HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  INT64: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                  tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
+                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, N, C, eps,
+                  eps_u, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+                  READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
+                  SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr,
+                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, NORM: tl.constexpr,
+                  HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
+                  HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_C: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
     cols = tl.arange(0, BLOCK_C)
-    K: tl.constexpr = KA + KB
-    kA = tl.arange(0, KA)
-    kB = tl.arange(0, KBX)
+    idxA, validA = _columns_a(KA, A_COLS)
+    idxB, validB = _columns_b(KBX, NS, NP, RES_KIND, A_COLS, K)
     hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
     read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
-    if COEF > 0:
-        accA = tl.load(xw_ptr + row[:, None] * K + kA[None, :], mask=tmask[:, None], other=0.0)
-        accB = tl.zeros((BLOCK_T, KBX), tl.float32)
-        if KB > 0:
-            accB = tl.load(xw_ptr + row[:, None] * K + KA + kB[None, :], mask=tmask[:, None], other=0.0)
-        rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
-        if READ == 2:
-            read = _projected_read(accA, rstd, scale_ptr, bias_ptr, NS, KA, READ_EPS)
-    urstd = tl.zeros((BLOCK_T,), tl.float32)
-    if NORM:
-        urstd = tl.load(urstd_ptr + row, mask=tmask, other=0.0)
+    if READ == 2:  # the pre-weights the forward projected and kept
+        read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
 
-    # The read weights' gradient, dL/dw_s = sum_c g_u X_next[s], needs a pass over the tile
-    # before anything else when the weights come from the projection (its gradient feeds
-    # dL/dX_next); so does the input norm's (NORM), whose g_u = (g_v - v mean(g_v v)) / rms
-    # needs sum_c g_v v. With the norm, dL/dw_s = (sum g_v X_s - mean(g_v v) sum v X_s) / rms.
+    # A pass over the tile first, for what the rest needs whole: the projection again (nothing
+    # of it is kept from the forward), the read weights' gradient dL/dw_s = sum_c g_u X_next[s]
+    # when they came from it, and the input norm's (NORM) sums: with v = u / rms(u), dL/du =
+    # (g_v - v mean(g_v v)) / rms(u) and dL/dw_s = (sum g_v X_s - mean(g_v v) sum v X_s) / rms(u).
+    accA = tl.zeros((BLOCK_T, KA), tl.float32)
+    accB = tl.zeros((BLOCK_T, KBX), tl.float32)
+    ss = tl.zeros((BLOCK_T,), tl.float32)
     g_read = _zeros_tuple(NS, BLOCK_T)
-    vdot = tl.zeros((BLOCK_T,), tl.float32)
-    if HAS_GU and (NORM or (READ == 2 and COEF > 1)):
-        vx = _zeros_tuple(NS, BLOCK_T)
+    ux = _zeros_tuple(NS, BLOCK_T)
+    usq = tl.zeros((BLOCK_T,), tl.float32)
+    gudot = tl.zeros((BLOCK_T,), tl.float32)
+    GRADS_A: tl.constexpr = HAS_GU and (NORM or READ == 2)
+    if COEF > 1 or GRADS_A:
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
-            mask = tmask[:, None] & (cc < C)[None, :]
+            cmask = cc < C
+            mask = tmask[:, None] & cmask[None, :]
             _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-            gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-            new_g = ()
-            new_v = ()
-            if NORM:
-                v = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C) * urstd[:, None]
-                vdot += tl.sum(gu * v, axis=1)
+            if COEF > 1:
+                accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB,
+                                                C, K, KB, NS, DOT_PRECISION)
+            if GRADS_A:
+                gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                new_g = ()
                 for s in tl.static_range(NS):
-                    new_v = new_v + (vx[s] + tl.sum(v * xn[s], axis=1),)
-                vx = new_v
-            for s in tl.static_range(NS):
-                new_g = new_g + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
-            g_read = new_g
-        vdot = vdot / C
-        if NORM:
-            new_g = ()
-            for s in tl.static_range(NS):
-                new_g = new_g + (urstd * (g_read[s] - vdot * vx[s]),)
-            g_read = new_g
+                    new_g = new_g + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
+                g_read = new_g
+                if NORM:
+                    u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+                    usq += tl.sum(u * u, axis=1)
+                    gudot += tl.sum(gu * u, axis=1)
+                    new_u = ()
+                    for s in tl.static_range(NS):
+                        new_u = new_u + (ux[s] + tl.sum(u * xn[s], axis=1),)
+                    ux = new_u
+    urstd = tl.zeros((BLOCK_T,), tl.float32)
+    vdot = tl.zeros((BLOCK_T,), tl.float32)
+    if NORM:
+        urstd = 1.0 / tl.sqrt(usq / C + eps_u)
+        vdot = urstd * gudot / C  # mean(g_v v), v = u / rms(u)
+        new_g = ()
+        for s in tl.static_range(NS):
+            new_g = new_g + (urstd * (g_read[s] - vdot * urstd * ux[s]),)
+        g_read = new_g
 
     # The projection's gradient: dL/dz of the gates on chip (COEF > 1), or given by the caller
-    # (COEF 1: the coefficients were computed off chip).
+    # (COEF 1: the coefficients were computed off chip from the projection it wrote).
     gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
     gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
     coefx = tl.zeros((BLOCK_T,), tl.float32)
     if COEF > 0:
+        if COEF == 1:
+            accA = tl.load(xw_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
+                           other=0.0)
+            rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
+        else:
+            rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
         gxwnA = tl.zeros((BLOCK_T, KA), tl.float32)
         gxwnB = tl.zeros((BLOCK_T, KBX), tl.float32)
         if COEF > 1:
             gzA, gzB = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr,
-                                       ghro_ptr, gcarry_ptr, NS, NP, READ, COEF, RES_KIND, SK_ITERS, SK_HIST,
-                                       NUM_GROUPS, KA, KBX, MP, READ_EPS, EMIT_CARRY, HAS_GHPO, HAS_GHRO, HAS_GCARRY,
+                                       ghro_ptr, gpre_ptr, idxA, validA, idxB, validB, NS, NP, READ, COEF, RES_KIND,
+                                       SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, MP, HAS_GHPO, HAS_GHRO, HAS_GPRE,
                                        BLOCK_T)
-            tl.store(gz_ptr + row[:, None] * K + kA[None, :], gzA, mask=tmask[:, None])
-            gxwnA = gzA * tl.load(scale_ptr + kA)[None, :]
+            # per token, for the caller's sums over tokens: dL/dbias = g_z, dL/dscale = g_z x'W
+            _store_columns(gz_ptr, row, tmask, gzA, idxA, validA, K)
+            _store_columns(gzx_ptr, row, tmask, gzA * accA * rstd[:, None], idxA, validA, K)
+            gxwnA = gzA * tl.load(scale_ptr + idxA, mask=validA, other=0.0)[None, :]
             if KB > 0:
-                tl.store(gz_ptr + row[:, None] * K + KA + kB[None, :], gzB, mask=tmask[:, None])
-                gxwnB = gzB * tl.load(scale_ptr + KA + kB)[None, :]
+                _store_columns(gz_ptr, row, tmask, gzB, idxB, validB, K)
+                _store_columns(gzx_ptr, row, tmask, gzB * accB * rstd[:, None], idxB, validB, K)
+                gxwnB = gzB * tl.load(scale_ptr + idxB, mask=validB, other=0.0)[None, :]
         # x'W = (xW) * rstd: the gradients of the raw projection and of rstd
         grstd = tl.sum(gxwnA * accA, axis=1) + tl.sum(gxwnB * accB, axis=1)
         gxwA = gxwnA * rstd[:, None]
         gxwB = gxwnB * rstd[:, None]
         if HAS_GEXT:
-            gxwA += tl.load(gxw_ext_ptr + row[:, None] * K + kA[None, :], mask=tmask[:, None], other=0.0)
-            if KB > 0:
-                gxwB += tl.load(gxw_ext_ptr + row[:, None] * K + KA + kB[None, :], mask=tmask[:, None], other=0.0)
+            gxwA += tl.load(gxw_ext_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
+                            other=0.0)
             grstd += tl.load(grstd_ext_ptr + row, mask=tmask, other=0.0)
-        tl.store(gxw_ptr + row[:, None] * K + kA[None, :], gxwA, mask=tmask[:, None])
+        _store_columns(gxw_ptr, row, tmask, gxwA, idxA, validA, K)
         if KB > 0:
-            tl.store(gxw_ptr + row[:, None] * K + KA + kB[None, :], gxwB, mask=tmask[:, None])
+            _store_columns(gxw_ptr, row, tmask, gxwB, idxB, validB, K)
         # rstd = (sum(x^2) / D + eps)^-1/2: d rstd / dx = -rstd^3 x / D
         coefx = -grstd * rstd * rstd * rstd / (NS * C)
 
@@ -612,11 +647,11 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                 g += read[s][:, None] * gu
             if COEF > 0:
                 wrow = (s * C + cc)[None, :] * K
-                g += tl.dot(gxwA, tl.load(w_ptr + wrow + kA[:, None], mask=cmask[None, :], other=0.0),
-                            input_precision=DOT_PRECISION)
+                g += tl.dot(gxwA, tl.load(w_ptr + wrow + idxA[:, None], mask=validA[:, None] & cmask[None, :],
+                                          other=0.0), input_precision=DOT_PRECISION)
                 if KB > 0:
-                    g += tl.dot(gxwB, tl.load(w_ptr + wrow + KA + kB[:, None], mask=cmask[None, :], other=0.0),
-                                input_precision=DOT_PRECISION)
+                    g += tl.dot(gxwB, tl.load(w_ptr + wrow + idxB[:, None], mask=validB[:, None] & cmask[None, :],
+                                              other=0.0), input_precision=DOT_PRECISION)
                 g += coefx[:, None] * xn[s]
             G = G + (g,)
         if READ == 1 and NEED_GHREAD and not NORM:

@@ -22,10 +22,10 @@ then computed by `forward` between two kernels, one more read of the streams):
 A new variant needs no kernel code: a ResMap with kind None runs fused, with its
 coefficients in PyTorch. Declaring one of the kinds above puts them on chip.
 
-The kernels read the res logits as a block of KB columns (`kernel_layout`): n^2 logits at
-t * NP + s for "free" and "sinkhorn" (NP = `kernel_np(n)`, n rounded up to a power of two and
-at least 4, so that the block reshapes to NP x NP and fills the 16 columns a tensor-core
-product needs), the R logits in order for "permutations". For "permutations" they also
+The kernels read the res logits into a register block of KB columns (`kernel_width`): the
+n^2 logits at t * NP + s for "free" and "sinkhorn" (NP = `kernel_np(n)`, n rounded up to a
+power of two and at least 4, so that the block reshapes to NP x NP and fills the 16 columns
+a tensor-core product needs), the R logits in order for the others. For "permutations" they also
 read `table()`: per logit column m, the expanded permutation E[m, t * NP + s] = P^g_m[t_g,
 s_g] (t_g, s_g: the digits of t and s that factor g acts on), its group, its leak and the
 leak's weight on e_0; H_res is then prod_g (c^g @ E) elementwise, which is the Kronecker
@@ -36,7 +36,6 @@ and `cyclic_shifts`), which is where the leak puts its weight.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nanochat.connections.birkhoff import (convex_permutations, kron_factors, orthostochastic, permutation_matrices,
@@ -81,10 +80,6 @@ class ResMap(nn.Module):
         """KB, the columns of the kernels' res block (0: none)."""
         raise NotImplementedError
 
-    def kernel_layout(self, t):
-        """t (..., R) (weights, scales, biases of the res logits) in the kernels' KB columns,
-        zero where a column holds no logit."""
-        raise NotImplementedError
 
     def table(self):
         """The constants the kernels read besides the logits (None: none)."""
@@ -105,9 +100,6 @@ class IdentityMap(ResMap):
     def kernel_width(self):
         return 0
 
-    def kernel_layout(self, t):
-        return t
-
 
 class SquareMap(ResMap):
     """A map of n^2 logits laid out as the n x n matrix."""
@@ -117,10 +109,6 @@ class SquareMap(ResMap):
 
     def kernel_width(self):
         return kernel_np(self.n) ** 2
-
-    def kernel_layout(self, t):
-        pad = kernel_np(self.n) - self.n
-        return F.pad(t.unflatten(-1, (self.n, self.n)), (0, pad, 0, pad)).flatten(-2)
 
 
 class FreeMap(SquareMap):
@@ -203,9 +191,6 @@ class PermutationMixture(ResMap):
     def kernel_width(self):
         return max(16, next_power_of_two(self.logit_count()))
 
-    def kernel_layout(self, t):
-        return F.pad(t, (0, self.kernel_width() - t.shape[-1]))
-
     def table(self):
         """(KB, NP*NP + 3) fp32: per logit column m, E[m] (the expanded permutation), then its
         group, its leak, and the leak's weight on e_0 (1 - leak at a group's first column, else 0).
@@ -266,9 +251,6 @@ class OrthostochasticMap(ResMap):
 
     def kernel_width(self):
         return max(16, next_power_of_two(self.logit_count()))
-
-    def kernel_layout(self, t):
-        return F.pad(t, (0, self.kernel_width() - t.shape[-1]))
 
     def table(self):
         return self.tables if self.kind else None
