@@ -289,8 +289,8 @@ def weight_grad_split_at_d12():
     real = fused.weight_grad_grid
 
     def grid(N, D):
-        (d_blocks, splits), per_split, block_d = real(D12["tokens"], D)
-        return (d_blocks, splits), per_split, block_d
+        (d_blocks, splits), steps, block_d = real(D12["tokens"], D)
+        return (d_blocks, splits), steps, block_d
 
     fused.weight_grad_grid = grid
     try:

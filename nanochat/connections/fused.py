@@ -241,7 +241,7 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     kernels().seam_forward[seam_grid(N)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-        _or(bias, x), _or(table, x), *(_or(o, x) for o in out), N, C, seam.eps, seam.eps_u,
+        _or(bias, x), _or(table, x), *(_or(o, x) for o in out), N, seam.eps, seam.eps_u, C=C,
         DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
         **seam.forward_constexprs())
     return out
@@ -274,7 +274,7 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(pre, x), _or(g_xnext, x), _or(g_u, x),
         _or(g_hpost, x), _or(g_hres, x), _or(g_pre, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x),
-        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), N, C, seam.eps, seam.eps_u,
+        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), N, seam.eps, seam.eps_u, C=C,
         HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
         HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
         NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS,
@@ -350,14 +350,15 @@ def seam_grid(N):
 
 
 def weight_grad_grid(N, D):
-    """(grid, tokens per split, BLOCK_D) of the weight gradient: about WEIGHT_GRAD_PROGRAMS
-    programs when the tokens allow, each split a whole number of token tiles. The same shapes
-    always give the same splits: the partial sums, and their order, repeat."""
+    """(grid, token tiles per split, BLOCK_D) of the weight gradient: about WEIGHT_GRAD_PROGRAMS
+    programs when the tokens allow. The tiles per split are a power of two, a compile-time
+    constant of the kernel: token counts then share a handful of compiled variants. The same
+    shapes always give the same splits: the partial sums, and their order, repeat."""
     block_d = min(128, max(16, next_power_of_two(D)))
     d_blocks = triton_cdiv(D, block_d)
     target = triton_cdiv(WEIGHT_GRAD_PROGRAMS, d_blocks)
-    per_split = triton_cdiv(triton_cdiv(N, target), WEIGHT_GRAD_BLOCK_TT) * WEIGHT_GRAD_BLOCK_TT
-    return (d_blocks, triton_cdiv(N, per_split)), per_split, block_d
+    steps = next_power_of_two(triton_cdiv(triton_cdiv(N, target), WEIGHT_GRAD_BLOCK_TT))
+    return (d_blocks, triton_cdiv(N, steps * WEIGHT_GRAD_BLOCK_TT)), steps, block_d
 
 
 def _or(t, default):
@@ -369,9 +370,9 @@ def weight_grad(x, g):
     from deterministic partial sums over token chunks."""
     N = x.shape[0]
     D, K = x[0].numel(), g.shape[1]
-    grid, per_split, block_d = weight_grad_grid(N, D)
+    grid, steps, block_d = weight_grad_grid(N, D)
     partial = g.new_empty(grid[1], D, K)
-    kernels().weight_grad[grid](x, g, partial, N, D, per_split, K=K, KP=next_power_of_two(K),
+    kernels().weight_grad[grid](x, g, partial, N, D, K=K, KP=next_power_of_two(K), STEPS=steps,
                                 DOT_PRECISION=dot_precision(x), INT64=needs_int64(x, partial),
                                 BLOCK_D=block_d, BLOCK_TT=WEIGHT_GRAD_BLOCK_TT)
     return partial.sum(0)

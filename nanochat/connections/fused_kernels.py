@@ -313,7 +313,7 @@ def _pre_mix(weights, xn, dtype, NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, weights, scale, STORE: tl.constexpr,
+def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C: tl.constexpr, hp, hr, weights, scale, STORE: tl.constexpr,
                REVERSE: tl.constexpr, NS: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
                BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """A pass over the tile for the sub-layer's input: u = sum_s w_s X_next[s] per chunk, stored
@@ -321,7 +321,7 @@ def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, weights, scale,
     sum_c u^2 returned. REVERSE: last chunk first (the most recently read ones are likeliest
     still in cache after a pass in order)."""
     sq = tl.zeros((BLOCK_T,), tl.float32)
-    chunks = tl.cdiv(C, BLOCK_C)
+    chunks: tl.constexpr = (C + BLOCK_C - 1) // BLOCK_C
     for i in range(0, chunks):
         if REVERSE:
             cc = (chunks - 1 - i) * BLOCK_C + cols
@@ -450,9 +450,9 @@ def _store_columns(ptr, row, tmask, tile, idx, valid, K: tl.constexpr):
 
 @triton.jit
 def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, C, eps, eps_u,
-                 NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr,
-                 COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, eps, eps_u,
+                 C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+                 READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
                  K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
                  READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -515,9 +515,9 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
 @triton.jit
 def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
                   tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
-                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, N, C, eps,
-                  eps_u, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
-                  READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
+                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, N, eps,
+                  eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr,
+                  RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
                   SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr,
                   KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, NORM: tl.constexpr,
                   HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
@@ -699,20 +699,20 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
 
 
 @triton.jit
-def weight_grad(x_ptr, g_ptr, out_ptr, N, D, TOKENS_PER_SPLIT, K: tl.constexpr, KP: tl.constexpr,
+def weight_grad(x_ptr, g_ptr, out_ptr, N, D, K: tl.constexpr, KP: tl.constexpr, STEPS: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_TT: tl.constexpr):
-    """out[split, d, k] = sum over the split's tokens t of x[t, d] g[t, k]."""
+    """out[split, d, k] = sum over the split's tokens t of x[t, d] g[t, k]; a split is STEPS
+    tiles of BLOCK_TT tokens (a compile-time count: a loop bound taken from a runtime argument
+    fails in the interpreter of Triton 3.5, torch 2.9's)."""
     d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     split = tl.program_id(1)
     dmask = d < D
     k = tl.arange(0, KP)
     kmask = k < K
     acc = tl.zeros((BLOCK_D, KP), tl.float32)
-    start = split * TOKENS_PER_SPLIT
-    end = tl.minimum(start + TOKENS_PER_SPLIT, N)
-    for t0 in range(start, end, BLOCK_TT):
-        t = t0 + tl.arange(0, BLOCK_TT)
-        tm = t < end
+    for i in range(0, STEPS):
+        t = (split * STEPS + i) * BLOCK_TT + tl.arange(0, BLOCK_TT)
+        tm = t < N
         rows = _rows(t, INT64)
         xt = tl.load(x_ptr + rows[None, :] * D + d[:, None], mask=dmask[:, None] & tm[None, :], other=0.0)
         gt = tl.load(g_ptr + rows[:, None] * K + k[None, :], mask=tm[:, None] & kmask[None, :], other=0.0)
