@@ -238,17 +238,14 @@ def distinct_bytes(accesses):
 
 
 def moves_nothing(func):
-    """Ops that allocate or view without reading or writing memory."""
+    """Ops that allocate or view without reading or writing memory. An op whose result aliases
+    an input it writes (in place, or out=) moves bytes: only an alias that is not written is a
+    view."""
     name = func.overloadpacket.__name__
-    return name.startswith(("empty", "new_empty")) or name in ("set_", "detach", "alias") or memory._is_view(
-        _Node(func))
-
-
-class _Node:
-    """An FX-node-like wrapper of an op, for memory._is_view."""
-
-    def __init__(self, target):
-        self.target = target
+    if name.startswith(("empty", "new_empty")) or name in ("set_", "detach", "alias"):
+        return True
+    returns = func._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def tensor_bytes(t):

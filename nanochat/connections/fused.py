@@ -10,42 +10,47 @@ kernel, a *seam*, takes X_l and the sub-layer's output y_l and computes
     x' W, mean(x^2) of X_{l+1}                  (the next layer's projection, one tensor-core
                                                  product per stream, the norm weight folded in)
     H_pre, H_post, H_res of layer l+1           (fp32, on chip: res_maps.py's kinds)
-    u_{l+1} = H_pre X_{l+1}                      (the next sub-layer's input)
+    u_{l+1} = norm(H_pre X_{l+1})               (the next sub-layer's input, through its RMSNorm)
 
 so the streams are read once and written once per sub-layer (the pre mix reads the tile a
 second time, just after the first, from cache; with delayed pre-weights, whose H_pre is known
-before X_{l+1} exists, in the same pass). Its backward reads the incoming stream gradient once
-and writes one stream gradient in the stream dtype, with every use of X_{l+1} (the next
-layer's mix, the pre mix, the projection) summed on chip, and recomputes X_{l+1} from X_l and
-y_l rather than keeping it. The gradient of W reduces over tokens in deterministic partial
-sums (blocks of W x token chunks, no atomics): two backward passes are bitwise equal.
+before X_{l+1} exists, in the same pass). The sub-layer's input norm is the seam's (the trunk
+hands the kernels the raw sub-layers: StreamConnections.norms_sublayer_inputs), so no
+C-wide un-normed input is written or kept. Its backward reads the incoming stream gradient
+once and writes one stream gradient in the stream dtype, with every use of X_{l+1} (the next
+layer's mix, the pre mix and its norm, the projection) summed on chip; it recomputes X_{l+1}
+from X_l and y_l, and the projection and the coefficients from X_{l+1}, rather than keeping
+them: a seam keeps X_l, y_l and n projected pre-weights per token. The gradient of W reduces
+over tokens in deterministic partial sums (blocks of W x token chunks, no atomics): two
+backward passes are bitwise equal.
 
 The trunk owns the seams: `run` replaces the layer-by-layer loop of StreamConnections, with
 the entry (X_0 = expand(x0) given, layer 0's coefficients and read) and the exit (the last
 post mix folded straight into the reduce: the sum, the carried pre-weights, or the learned
 head, whose projection is one more seam target) as seams too. A layer still declares its
 coefficients in one place: H_pre and H_post are the family's sigmoids, H_res its ResMap
-(res_maps.py). A map the kernels know is computed on chip; any other (go-mHC's Cayley
-transform) runs in PyTorch between two kernels: the seam writes X_{l+1} and its projection,
-PyTorch computes the coefficients, and a second seam reads X_{l+1} for the pre mix, one more
-read of the streams forward, and its stream gradient is summed by autograd backward.
+(res_maps.py). A map the kernels know is computed on chip (go-mHC's Cayley transform while
+m = n s <= 8); any other runs in PyTorch between two kernels: the seam writes X_{l+1} and its
+projection, PyTorch computes the coefficients, and a second seam reads X_{l+1} for the pre
+mix, one more read of the streams forward, and its stream gradient is summed by autograd
+backward.
 
 Precision: streams in the compute dtype, rounded once per value; coefficients, the
 projection and every accumulation in fp32; the projection's products take TF32 where
 PyTorch's fp32 matmuls do (torch.backends.cuda.matmul.allow_tf32), H_res's convex
 combinations never (exact double stochasticity). `hc_recompute` changes nothing here: the
-coefficients are always recomputed in backward from the k projection numbers per token.
+coefficients are always recomputed in backward.
 
 Every seam is one torch.library custom op forward (nanochat::hc_seam) and one backward, so
 torch.compile sees one node each and compiles the sub-layers between them. As Liger's
 kernels (liger.py), only training reaches them (ops.uses_fused); with TRITON_INTERPRET=1 set
 before Triton is imported they run on CPU tensors, which is how the tests check them.
-Which wirings: every HC-family variant (hc, hc_identity, mhc, mhc_lite, kromhc, cmhc on
-chip; go_mhc off chip), any n, current and delayed pre-weights, LSS, the learned head, with
-or without the norm weight, one alpha per factor. Not frac (m fractions of one state with
-per-fraction norms and an m x m read: not n streams with per-stream weights) nor gated (its
-read gate is per channel, nC numbers per token from a rank-r bottleneck, not k numbers):
-their work is not this kernel's.
+Which wirings: every HC-family variant (hc, hc_identity, mhc, mhc_lite, kromhc, cmhc, go_mhc),
+any n, current and delayed pre-weights, LSS, the learned head, with or without the norm
+weight, one alpha per factor. Not frac (m fractions of one state with per-fraction norms and
+an m x m read: not n streams with per-stream weights) nor gated (its read gate is per
+channel, nC numbers per token from a rank-r bottleneck, not k numbers): their work is not
+this kernel's.
 """
 
 import ast

@@ -1,0 +1,90 @@
+"""nanochat/kernel_aot.py, behind `scripts.kernel_check` (which CI runs on every kernel at D=12):
+its checks, and a real ahead-of-time compile for sm_90 without a GPU of a kernel that fits its
+registers and one that cannot, read back from the binary."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nanochat import kernel_aot
+
+pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compiled(programs=1000, streams=True, regs=64, spill=0, shared=0):
+    return kernel_aot.Compiled("seam_forward", "entry", "fused", ["kromhc"], programs, streams,
+                               {cc: dict(regs=regs, spill=spill, shared=shared) for cc in kernel_aot.TARGETS})
+
+
+def test_checks_pass_a_kernel_within_every_limit():
+    assert kernel_aot.failures([compiled(), compiled(programs=10, streams=False)]) == []
+
+
+@pytest.mark.parametrize("case, expect", [
+    (dict(spill=16), "spills 16 bytes on sm_80"),
+    (dict(shared=200 * 1024), "over sm_80's 166912"),
+    (dict(programs=263), "launches 263 programs at D=12, under two waves of an H100 (264)"),
+])
+def test_checks_name_each_violation(case, expect):
+    lines = kernel_aot.failures([compiled(**case)])
+    assert any(expect in line for line in lines), lines
+
+
+def test_touches_streams_means_at_least_a_d12_stream():
+    import torch
+    tokens = kernel_aot.D12["B"] * kernel_aot.D12["T"]
+    small = torch.empty(1).expand(tokens * kernel_aot.D12["C"] - 1)
+    big = torch.empty(1).expand(tokens * kernel_aot.D12["C"])
+    assert not kernel_aot.touches_streams((small, 3)) and kernel_aot.touches_streams((big,))
+
+
+# Compiled in a process of its own: the suite runs Triton's interpreter, which replaces kernels
+# with Python (conftest.py), and a compile needs Triton's real JIT.
+COMPILE = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    from nanochat import kernel_aot
+
+    @triton.jit
+    def copy(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < N), mask=i < N)
+
+    @triton.jit
+    def crowded(x_ptr, y_ptr, BLOCK: tl.constexpr):
+        # a 64 x 64 tile per warp-sized program, capped at 32 registers a thread: it must spill
+        r = tl.arange(0, BLOCK)
+        a = tl.load(x_ptr + r[:, None] * BLOCK + r[None, :])
+        tl.store(y_ptr + r[:, None] * BLOCK + r[None, :], tl.dot(a, a) + tl.cumsum(a, 1))
+
+    launches = []
+    with kernel_aot.recording("test", "fused", launches):
+        x, y = torch.empty(64 * 64), torch.empty(64 * 64)
+        copy[(5,)](x, y, 1000, BLOCK=256)
+        crowded[(1,)](x, y, BLOCK=64, num_warps=1, maxnreg=32)
+    for k in kernel_aot.compile_all(launches, targets=(90,), workers=2):
+        r = k.resources[90]
+        print(k.name, k.programs, r["regs"], r["spill"], r["shared"])
+""")
+
+
+def test_a_kernel_compiles_for_sm90_and_its_resources_are_read(tmp_path):
+    script = tmp_path / "compile.py"  # Triton reads a kernel's source from its file
+    script.write_text(COMPILE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = {line.split()[0]: list(map(int, line.split()[1:])) for line in out.stdout.splitlines()}
+    programs, regs, spill, _ = found["copy"]
+    assert programs == 5 and 0 < regs <= 64 and spill == 0
+    programs, regs, spill, _ = found["crowded"]
+    assert programs == 1 and regs <= 32 and spill > 0
+    lines = kernel_aot.failures([kernel_aot.Compiled("crowded", "", "fused", ["test"], 1, False,
+                                                     {90: dict(regs=regs, spill=spill, shared=0)})])
+    assert lines == [f"fused crowded (as launched) spills {spill} bytes on sm_90"]
