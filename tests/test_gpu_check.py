@@ -8,10 +8,10 @@ import pytest
 from scripts import bench, gpu_check
 
 
-# The baseline and the ratio reference, the paper's variant, one whose H_res the fused kernels
-# leave to PyTorch, one single-state wiring: every kind of case, at a fraction of every variant's
-# time (each variant's own training and decoding have tests of their own).
-TINY_VARIANTS = ["residual", "mhc", "kromhc", "go_mhc", "frac"]
+# The baseline and the ratio reference, the paper's variant, one single-state wiring: every kind
+# of case, at a fraction of every variant's time (each variant's own training, decoding and
+# kernels have tests of their own).
+TINY_VARIANTS = ["residual", "mhc", "kromhc", "frac"]
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     runs = [(r["run"], r["variant"], r["kernels"]) for r in kernels["rows"]]
     assert runs == ([("model D2 kromhc", "residual", "torch")] + [("model D2 kromhc", "kromhc", k) for k in backends]
                     + [("model D2 mhc", "residual", "torch")] + [("model D2 mhc", "mhc", k) for k in backends]
-                    + [("layer", v, k) for v in ("mhc", "kromhc", "go_mhc") for k in backends])
+                    + [("layer", v, k) for v in ("mhc", "kromhc") for k in backends])
     for r in kernels["rows"]:
         same_run = [t for t in kernels["rows"] if t["run"] == r["run"]]
         torch_row = next(t for t in same_run if (t["variant"], t["kernels"]) == (r["variant"], "torch"))

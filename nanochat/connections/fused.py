@@ -58,12 +58,12 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import os
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from nanochat.connections import triton_device
 from nanochat.connections.custom_ops import custom_op
 from nanochat.connections.res_maps import cayley_pad, kernel_np, next_power_of_two
 
@@ -93,15 +93,11 @@ def check(n=None):
                          "(or use hc_kernels='torch')")
 
 
-def runs_on(device_type):
-    """CUDA, or anything under Triton's interpreter (TRITON_INTERPRET=1, the tests)."""
-    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+runs_on = triton_device.runs_on
 
 
 def check_device(X):
-    if not runs_on(X.device.type):
-        raise RuntimeError(f"hc_kernels='fused' runs Triton kernels on CUDA tensors, got {X.device.type} ones: use "
-                           f"hc_kernels='torch' or 'auto' on this device (TRITON_INTERPRET=1 runs them on CPU, slowly)")
+    triton_device.check(X, "fused", runs_on)
 
 
 @functools.cache

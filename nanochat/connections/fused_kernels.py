@@ -449,13 +449,13 @@ def _store_columns(ptr, row, tmask, tile, idx, valid, K: tl.constexpr):
 # ----- the kernels -----
 
 @triton.jit
-def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, eps, eps_u,
-                 C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
-                 READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                 K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr,
-                 READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def _tile(hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS: tl.constexpr, NP: tl.constexpr,
+          SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr, RES_KIND: tl.constexpr, K: tl.constexpr,
+          A_COLS: tl.constexpr, KA: tl.constexpr, KBX: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr,
+          BLOCK_C: tl.constexpr):
+    """What both seam kernels start from: the program's tokens (mask, rows), the channel
+    offsets of a chunk, the projection's column maps, the post mix's coefficients and the given
+    read weights."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < N
     row = _rows(t, INT64)
@@ -464,6 +464,21 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
     idxB, validB = _columns_b(KBX, NS, NP, RES_KIND, A_COLS, K)
     hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
     read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
+    return tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read
+
+
+@triton.jit
+def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, eps, eps_u,
+                 C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+                 READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
+                 NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
+                 KBX: tl.constexpr, READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
+        hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
+        KA, KBX, INT64, BLOCK_T, BLOCK_C)
     accA = tl.zeros((BLOCK_T, KA), tl.float32)
     accB = tl.zeros((BLOCK_T, KBX), tl.float32)
     ss = tl.zeros((BLOCK_T,), tl.float32)
@@ -517,21 +532,16 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
                   grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, N, eps,
                   eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr,
-                  RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
-                  SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr,
-                  KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, NORM: tl.constexpr,
-                  HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr, HAS_GHRO: tl.constexpr,
-                  HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
+                  RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
+                  SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
+                  A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
+                  NORM: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
+                  HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr,
                   BLOCK_C: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < N
-    row = _rows(t, INT64)
-    cols = tl.arange(0, BLOCK_C)
-    idxA, validA = _columns_a(KA, A_COLS)
-    idxB, validB = _columns_b(KBX, NS, NP, RES_KIND, A_COLS, K)
-    hp, hr = _post_coefficients(hpost_ptr, hres_ptr, row, tmask, NS, SOURCE, RES_IN, BLOCK_T)
-    read = _given_read(hread_ptr, hread_st, hread_ss, row, tmask, NS, READ)
+    tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
+        hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
+        KA, KBX, INT64, BLOCK_T, BLOCK_C)
     if READ == 2:  # the pre-weights the forward projected and kept
         read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
 

@@ -34,11 +34,11 @@ TRITON_INTERPRET=1 set before the first use, the kernels run on CPU tensors (the
 
 import functools
 import importlib.util
-import os
 
 import torch
 from torch import Tensor
 
+from nanochat.connections import triton_device
 from nanochat.connections.custom_ops import custom_op
 
 INSTALL_HINT = "pip install -e '.[kernels]'"
@@ -62,16 +62,11 @@ def serves(X):
     return AVAILABLE and X.is_cuda and not n & (n - 1)
 
 
-def runs_on(device_type):
-    """Whether the kernels can run on tensors of this device type: CUDA, or anything under
-    Triton's interpreter (TRITON_INTERPRET=1, the tests)."""
-    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+runs_on = triton_device.runs_on
 
 
 def check_device(X):
-    if not runs_on(X.device.type):
-        raise RuntimeError(f"hc_kernels='liger' runs Triton kernels on CUDA tensors, got {X.device.type} ones: use "
-                           f"hc_kernels='torch' or 'auto' on this device (TRITON_INTERPRET=1 runs them on CPU, slowly)")
+    triton_device.check(X, "liger", runs_on)
 
 
 @functools.cache
