@@ -279,14 +279,16 @@ def _op_key(node):
 
 @contextlib.contextmanager
 def weight_grad_split_at_d12():
-    """Within: the fused weight gradient splits its tokens as it would at D12's token count
-    (the splits past the tokens present add nothing), so that its partial sums, a fixed cost
-    per launch, are counted at their D=12 size when an op runs at COUNT_TOKENS."""
+    """Within: the fused weight gradient has as many token splits as at D12's token count,
+    each of the tiles the tokens present need (the splits past them load nothing), so that its
+    partial sums, a fixed cost per launch, are counted at their D=12 size when an op runs at
+    COUNT_TOKENS, without looping over D=12's tiles in the interpreter."""
     from nanochat.connections import fused
     real = fused.weight_grad_grid
 
     def grid(N, D):
-        (d_blocks, splits), steps, block_d = real(D12["tokens"], D)
+        (d_blocks, splits), _, block_d = real(D12["tokens"], D)
+        _, steps, _ = real(N, D)
         return (d_blocks, splits), steps, block_d
 
     fused.weight_grad_grid = grid

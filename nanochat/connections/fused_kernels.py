@@ -713,7 +713,8 @@ def weight_grad(x_ptr, g_ptr, out_ptr, N, D, K: tl.constexpr, KP: tl.constexpr, 
                 DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_TT: tl.constexpr):
     """out[split, d, k] = sum over the split's tokens t of x[t, d] g[t, k]; a split is STEPS
     tiles of BLOCK_TT tokens (a compile-time count: a loop bound taken from a runtime argument
-    fails in the interpreter of Triton 3.5, torch 2.9's)."""
+    fails in the interpreter of Triton 3.5, torch 2.9's). The loop has no branch, so that Triton
+    pipelines its loads; tiles past the tokens are masked (only a last split has any)."""
     d = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     split = tl.program_id(1)
     dmask = d < D
@@ -721,13 +722,11 @@ def weight_grad(x_ptr, g_ptr, out_ptr, N, D, K: tl.constexpr, KP: tl.constexpr, 
     kmask = k < K
     acc = tl.zeros((BLOCK_D, KP), tl.float32)
     for i in range(0, STEPS):
-        t0 = (split * STEPS + i) * BLOCK_TT
-        if t0 < N:  # the last split's tiles past the tokens: nothing to load
-            t = t0 + tl.arange(0, BLOCK_TT)
-            tm = t < N
-            rows = _rows(t, INT64)
-            xt = tl.load(x_ptr + rows[None, :] * D + d[:, None], mask=dmask[:, None] & tm[None, :], other=0.0)
-            gt = tl.load(g_ptr + rows[:, None] * K + k[None, :], mask=tm[:, None] & kmask[None, :], other=0.0)
-            acc += tl.dot(xt.to(tl.float32), gt, input_precision=DOT_PRECISION)
+        t = (split * STEPS + i) * BLOCK_TT + tl.arange(0, BLOCK_TT)
+        tm = t < N
+        rows = _rows(t, INT64)
+        xt = tl.load(x_ptr + rows[None, :] * D + d[:, None], mask=dmask[:, None] & tm[None, :], other=0.0)
+        gt = tl.load(g_ptr + rows[:, None] * K + k[None, :], mask=tm[:, None] & kmask[None, :], other=0.0)
+        acc += tl.dot(xt.to(tl.float32), gt, input_precision=DOT_PRECISION)
     out = out_ptr + (_rows(split, INT64) * D + d[:, None]) * K + k[None, :]
     tl.store(out, acc, mask=dmask[:, None] & kmask[None, :])
