@@ -357,12 +357,12 @@ class GPT(nn.Module):
         self.head_dim = C // config.n_head
         kv_dim = config.n_kv_head * self.head_dim
         self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(self.padded_vocab_size, C),
+            "wte": Embedding(self.padded_vocab_size, C),
             "h": nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
         })
         self.lm_head = nn.Linear(C, self.padded_vocab_size, bias=False)
         self.value_embeds = nn.ModuleDict({
-            str(i): nn.Embedding(self.padded_vocab_size, kv_dim)
+            str(i): Embedding(self.padded_vocab_size, kv_dim)
             for i in range(config.n_layer) if has_value_embedding(i, config)})
         self.connections = connections.build(config)
         self.window_sizes = self._compute_window_sizes()
@@ -381,6 +381,11 @@ class GPT(nn.Module):
 
     def _rotary_tables(self, length, base=10000, device=None):
         half = self.head_dim // 2
+        if torch.empty(0, device=device).is_meta:
+            # only shapes on the meta device (init_weights computes the tables after the move):
+            # arange there goes through torch._refs, whose first call imports torch._dynamo (1.5 s)
+            shape = (1, length, 1, half)
+            return torch.empty(shape, device=device), torch.empty(shape, device=device)
         inv_freq = 1.0 / (base ** (torch.arange(0, half, dtype=torch.float32, device=device) / half))
         freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
         return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
@@ -653,6 +658,17 @@ def model_config_from_depth(depth, vocab_size, sequence_len, aspect_ratio=64, he
     n_head = model_dim // head_dim
     return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
                      n_kv_head=n_head, n_embd=model_dim, window_pattern=window_pattern, **hc)
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding that leaves a meta tensor uninitialized: its normal_ on the meta device
+    goes through torch._refs, whose first call imports torch._dynamo (1.5 s of every process
+    that builds a model, compiled or not), and build_model initializes the weights for real
+    after moving them (init_weights)."""
+
+    def reset_parameters(self):
+        if not self.weight.is_meta:
+            super().reset_parameters()
 
 
 def build_model(config, device):

@@ -13,8 +13,8 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, base, moved, prenorm_logits, random_branches, tiny, tiny_config,
-                           tokens, with_moved_body)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, moved, prenorm_logits, random_branches, tiny, tiny_config,
+                           tokens, with_moved_body)
 
 
 def layers(n=4, C=8, n_layer=2, beta=1.0, **fields):
@@ -135,7 +135,6 @@ def test_its_field_belongs_to_it():
         tiny_config("mhc", cmhc_beta=2.0)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "cmhc", "--cmhc-beta", "inf"), ("error:", "--cmhc-beta"))
-    assert_resumes_bitwise(base, "--hc", "cmhc")
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "cmhc", "--cmhc-beta", "inf"), ("error:", "--cmhc-beta"))
+    assert_resumes_bitwise("--hc", "cmhc")

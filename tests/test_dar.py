@@ -15,8 +15,8 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, base, fp64_trunk, prenorm_logits, random_branches, tiny,
-                           tiny_config, tokens, with_moved_body)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, fp64_trunk, prenorm_logits, random_branches, tiny,
+                           tiny_config, tokens, with_moved_body)
 
 SOURCES = ("full", "block", "block_partial")
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
@@ -192,7 +192,6 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("dar", **overrides)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "mhar", "--dar-gate", "none"), ("error:", "only applies to hc='dar'"))
-    assert_resumes_bitwise(base, "--hc", "dar", "--dar-source", "block")
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "mhar", "--dar-gate", "none"), ("error:", "only applies to hc='dar'"))
+    assert_resumes_bitwise("--hc", "dar", "--dar-source", "block")

@@ -13,7 +13,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
 
 
 def reference_read(read, X):
@@ -85,7 +85,6 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("gated", **overrides)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "gated", "--hc-reduce", "learned"), ("error:", "hc='gated'"))
-    assert_resumes_bitwise(base, "--hc", "gated")
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "gated", "--hc-reduce", "learned"), ("error:", "hc='gated'"))
+    assert_resumes_bitwise("--hc", "gated")

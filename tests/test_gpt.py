@@ -246,3 +246,18 @@ def test_bad_config_errors():
         tiny_config(hc="nope")
     with pytest.raises(ValueError, match="single stream"):
         tiny_config(hc="residual", hc_streams=4)
+
+
+def test_building_a_model_leaves_dynamo_unimported():
+    """build_model constructs on the meta device; an init there (normal_, arange) goes through
+    torch._refs, whose first call imports torch._dynamo: 1.5 s of every command that builds a
+    model without compiling it (evaluation, export, reports). A process of its own: the suite
+    has imported dynamo long since."""
+    import subprocess
+    import sys
+    code = ("import sys; from nanochat.gpt import GPTConfig, build_model; "
+            "m = build_model(GPTConfig(sequence_len=16, vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32), "
+            "'cpu'); print('torch._dynamo' in sys.modules, float(m.cos[0, 1, 0, 0]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout.split()
+    assert out[0] == "False" and float(out[1]) == pytest.approx(math.cos(1.0))  # the tables computed for real

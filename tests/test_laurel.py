@@ -12,7 +12,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
 
 FORMS = ("rw", "lr", "rw_lr")
 
@@ -91,8 +91,7 @@ def test_its_fields_belong_to_it():
         tiny_config("prenorm", laurel_rank=8)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "laurel", "--laurel-form", "rw", "--laurel-rank", "8"),
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "laurel", "--laurel-form", "rw", "--laurel-rank", "8"),
                             ("error:", "laurel_rank=8 applies to the low-rank forms"))
-    assert_resumes_bitwise(base, "--hc", "laurel", "--laurel-rank", "4")
+    assert_resumes_bitwise("--hc", "laurel", "--laurel-rank", "4")

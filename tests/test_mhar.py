@@ -11,7 +11,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, base, fp64_trunk, random_branches, tiny, tiny_config, tokens)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
 from test_gpt import randomize
 
 FIRST_READ = ("layers.0.read.query", "layers.0.read.gain")  # a softmax over x0 alone: no gradient
@@ -94,7 +94,6 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("mhar", **overrides)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "mhar", "--mhar-heads", "3"), ("error:", "mhar_heads=3 does not divide"))
-    assert_resumes_bitwise(base, "--hc", "mhar")
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "mhar", "--mhar-heads", "3"), ("error:", "mhar_heads=3 does not divide"))
+    assert_resumes_bitwise("--hc", "mhar")

@@ -11,8 +11,8 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                            assert_params_match_spec, assert_resumes_bitwise, assert_sublayers_called_raw,
-                           assert_train_flag_error, base, fp64_trunk, handed, random_branches, tiny, tiny_config,
-                           tokens, with_moved_body)  # noqa: F401 (base: a fixture)
+                           assert_train_flag_error, fp64_trunk, handed, random_branches, tiny, tiny_config,
+                           tokens, with_moved_body)
 
 
 def rms(x):
@@ -72,7 +72,6 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("postnorm", **overrides)
 
 
-@pytest.mark.slow
-def test_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "postnorm", "--hc-streams", "4"), ("error:", "--hc-streams"))
-    assert_resumes_bitwise(base, "--hc", "postnorm")
+def test_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "postnorm", "--hc-streams", "4"), ("error:", "--hc-streams"))
+    assert_resumes_bitwise("--hc", "postnorm")

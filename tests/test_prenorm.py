@@ -10,7 +10,7 @@ import torch
 from nanochat import connections
 from test_gpt import randomize
 from wiring_checks import (assert_causal, assert_diagnostics, assert_gradcheck, assert_params_match_spec,
-                           assert_resumes_bitwise, assert_train_flag_error, base, prenorm_logits,  # noqa: F401
+                           assert_resumes_bitwise, assert_train_flag_error, prenorm_logits,
                            random_branches, tiny, tiny_config, tokens, with_moved_body)
 
 
@@ -58,7 +58,6 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
         tiny_config("prenorm", **overrides)
 
 
-@pytest.mark.slow
-def test_prenorm_flags_error_and_resume(base):  # noqa: F811 (the fixture)
-    assert_train_flag_error(base, ("--hc", "prenorm", "--hc-streams", "4"), ("error:", "--hc-streams"))
-    assert_resumes_bitwise(base, "--hc", "prenorm")
+def test_prenorm_flags_error_and_resume():
+    assert_train_flag_error(("--hc", "prenorm", "--hc-streams", "4"), ("error:", "--hc-streams"))
+    assert_resumes_bitwise("--hc", "prenorm")

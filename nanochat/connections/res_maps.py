@@ -80,7 +80,6 @@ class ResMap(nn.Module):
         """KB, the columns of the kernels' res block (0: none)."""
         raise NotImplementedError
 
-
     def table(self):
         """The constants the kernels read besides the logits (None: none)."""
         return None
