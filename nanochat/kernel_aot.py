@@ -172,8 +172,9 @@ def specialize(launch, cc):
     from triton.runtime.jit import create_function_from_signature
     target, backend = _backend(cc)
     fn = launch.fn
-    kwargs = dict(launch.kwargs, debug=launch.kwargs.get("debug", fn.debug) or knobs.runtime.debug,
-                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+    kwargs = dict(launch.kwargs, debug=launch.kwargs.get("debug", fn.debug) or knobs.runtime.debug)
+    if hasattr(knobs.compilation, "instrumentation_mode"):  # Triton >= 3.6's JIT passes it; 3.5's has none
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
