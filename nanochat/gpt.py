@@ -530,10 +530,9 @@ class GPT(nn.Module):
         # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
         # nanochat's stream), not whatever the embedding and its norm return.
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
-        # Each sub-layer keeps its input RMSNorm, unless the wiring norms where its own math says
-        # (SPEC sublayer_prenorm: post-norm, ReZero): then the branch is the raw sub-layer.
-        # The sub-layers' input norm, unless the wiring calls them raw or the trunk norms their
-        # inputs itself (the fused seams, connections.StreamConnections.norms_sublayer_inputs).
+        # Each sub-layer keeps its input RMSNorm, unless the wiring calls it raw where its own
+        # math norms elsewhere (SPEC sublayer_prenorm: post-norm, ReZero) or the trunk norms the
+        # inputs itself (the fused seams: StreamConnections.norms_sublayer_inputs).
         prenorm = self.connections.sublayer_prenorm and not self.connections.norms_sublayer_inputs(x0)
         pre = norm_inputs if prenorm else (lambda u: u)
         branches = []
