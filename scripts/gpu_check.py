@@ -19,10 +19,12 @@ every case, so a run cut off from outside still leaves what it measured):
              generated corpus (shards and tokenizer written locally), ending with val bpb,
              samples through the KV cache and connection diagnostics
   kernels    --hc-kernels torch, liger and fused (Liger-Kernel's stream kernels and ours; the
-             kernels extra): first the whole model at D = 12 (batch 32), residual with KromHC,
-             then with mHC, each run written as it ends; then one connection layer of every HC
-             variant at C = 768, T = 2048, B = 32; with x residual, x torch, saved bytes, peak
-             memory and the first step's seconds (its compile). Late, so the time budget may
+             kernels extra): first the whole model at D = 12 (batch 32), the compiled residual
+             baseline once, then KromHC and mHC fused, torch, liger, then every other HC variant
+             on the first backend that runs it, each compiled, timed interleaved with the
+             baseline, profiled and written as it ends; then one connection layer of every HC
+             variant at C = 768, T = 2048, B = 32; with x residual, x torch, peak memory, top
+             kernels and the first step's seconds (its compile). Late, so the time budget may
              leave it for a second call (--sections kernels, which runs it first)
   pre        delayed pre-weights (DeepSeek-V4.1's single-pass mHC, --hc-pre delayed) against the
              paper's, mHC and KromHC, whole model at the first depth: time and the kernels
@@ -56,6 +58,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 from contextlib import nullcontext
@@ -363,39 +366,122 @@ def kernel_backends(device):
     return ok, missing
 
 
+# The whole-model cases after the residual baseline, in the order the GPU plan needs them:
+# the paper's pair (KromHC, mHC) on every backend, ours first, the default second, Liger's last;
+# then every other variant: one of n streams on the first backend that runs it (fused and liger
+# refuse frac and gated), any other (the zoo's wirings) on torch, the only one it has.
+STREAM_ORDER = ("fused", "torch", "liger")
+PAPER_PAIR = ("kromhc", "mhc")
+
+
+def stream_plan(variants, backends):
+    """[(variant, [backends to try, in order])] of the whole-model cases: one entry per
+    (KromHC or mHC, backend), then one per other variant but residual with its fallbacks."""
+    order = [b for b in STREAM_ORDER if b in backends]
+    plan = [(v, [b]) for b in order for v in PAPER_PAIR if v in variants]
+    return plan + [(v, order if bench.has_streams(v) else ["torch"]) for v in variants
+                   if v not in (*PAPER_PAIR, "residual")]
+
+
+def _model_case(prof, depth, variant, kernels, device, dtype, autocast, compile_model):
+    args = _bench_args(prof, depth, prof["kernel_model"]["batch"], "SSSL", compile_model)
+    args.seq_len = prof["kernel_model"]["seq_len"]
+    return bench.model_case(args, variant, False, device, dtype, autocast, kernels)
+
+
+def _stream_row(case, base, variant, kernels, device, prof, peak_flops):
+    """Compile the case (its first step), time it interleaved with the compiled baseline, and
+    measure its peak and its top kernels: one row, whose ratio to residual is within one
+    timing of the two."""
+    kernel_count, compile_s = bench.compiled_kernels(case)
+    times = bench.time_interleaved({"residual": base, "case": case}, prof["warmup"], prof["reps"], device)
+    summary, ref = (bench.summarize(times[k], case["tokens"]) for k in ("case", "residual"))
+    flops = case["module"].estimate_flops()
+    return {"variant": variant, "kernels": kernels, "compile_s": compile_s, "compiled_kernels": kernel_count,
+            **{k: summary[k] for k in ("median_ms", "spread_pct", "tokens_per_s")},
+            "residual_ms": ref["median_ms"], "time_vs_residual": summary["median_ms"] / ref["median_ms"],
+            "mfu_pct": 100 * flops * summary["tokens_per_s"] / peak_flops if peak_flops != float("inf") else None,
+            "peak_step_mib": bench.peak_step_mib(case["module"], case["step"], device),
+            "top_kernels": bench_profile.top_ops(case["step"], device, TOP_KERNELS, synchronize)}
+
+
 def kernels_section(prof, variants, device, dtype, autocast, compile_model, budget):
-    """--hc-kernels torch, liger and fused, timed interleaved by scripts.bench, what matters
-    most first: the whole model at the largest depth (D=12 on a GPU, the model section's batch)
-    for the residual baseline with KromHC, then with mHC, then one connection layer of every
-    HC variant (C=768, T=2048, B=32 on a GPU). Each row: x torch, saved bytes, peak memory and
-    the first step's seconds (its compile). Yields the result after each run."""
+    """--hc-kernels torch, liger and fused, what matters most first: the whole model at the
+    largest depth (D=12 on a GPU, the model section's batch), the compiled residual baseline
+    once, then each case of `stream_plan` compiled, timed interleaved with the baseline,
+    profiled and freed (a row per case, written as it ends: a cut-off run keeps every case
+    before it); then one connection layer of every HC variant (C=768, T=2048, B=32 on a GPU)
+    on every backend, timed interleaved by scripts.bench. Rows: x residual, x torch, peak
+    memory, the first step's seconds (its compile). Yields the result after each case."""
     backends, missing = kernel_backends(device)
-    out = {"available": len(backends) > 1, "backends": backends, "missing": missing, "rows": [],
-           "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"])}
+    out = {"available": len(backends) > 1, "backends": backends, "missing": missing, "rows": [], "errors": [],
+           "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"]), "batch": prof["kernel_model"]["batch"]}
     if not out["available"]:
         out["reason"] = "; ".join(f"{k}: {why}" for k, why in missing.items())
         yield out
         return
-    common = ["--hc-kernels", ",".join(backends), "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]),
-              "--head-dim", str(prof["head_dim"]), "--streams", "4"] + (["--compile"] if compile_model else [])
-    runs = [(f"model D{out['depth']} {v}", "model", out["depth"] * (1 + len(backends)),
-             ["--bench", "model", "--depth", str(out["depth"]), "--aspect-ratio", str(prof["aspect"]),
-              "--seq-len", str(prof["kernel_model"]["seq_len"]), "--batch", str(prof["kernel_model"]["batch"]),
-              "--vocab-size", str(prof["vocab"]), "--variants", "residual", v]) for v in ("kromhc", "mhc") if v in variants]
+    depth, peak_flops = out["depth"], get_peak_flops(device)
+    label = f"model D{depth}"
+    torch._dynamo.reset()
+    plan = stream_plan(variants, backends)
+    bench.allow_compiled_cases(1 + len(plan))
+    base = None
+    if plan and budget.allows(f"kernels {label} residual", "model", depth):
+        base = _model_case(prof, depth, "residual", "torch", device, dtype, autocast, compile_model)
+        kernel_count, compile_s = bench.compiled_kernels(base)
+        out["rows"].append({"run": label, "variant": "residual", "kernels": "torch", "compile_s": compile_s,
+                            "compiled_kernels": kernel_count, "time_vs_residual": 1.0,
+                            "peak_step_mib": bench.peak_step_mib(base["module"], base["step"], device),
+                            "top_kernels": bench_profile.top_ops(base["step"], device, TOP_KERNELS, synchronize)})
+        yield out
+    for variant, tries in plan if base else []:
+        if not budget.allows(f"kernels {label} {variant} [{tries[0]}]", "model", depth):
+            continue
+        for kernels in tries:
+            try:
+                case = _model_case(prof, depth, variant, kernels, device, dtype, autocast, compile_model)
+            except SystemExit:  # bench's one line for a config this backend refuses: the next one
+                continue
+            try:
+                out["rows"].append(dict(_stream_row(case, base, variant, kernels, device, prof, peak_flops), run=label))
+            except Exception as e:  # one case's failure must not hide the others
+                out["errors"].append(f"{label} {variant} [{kernels}]: {type(e).__name__}: {e}")
+            break
+        else:
+            out["errors"].append(f"{label} {variant}: none of {', '.join(tries)} builds it")
+        case = None
+        _free_memory(device)
+        _fill_stream_ratios(out["rows"])
+        yield out
+    # the baseline's own timing: its median over every pair it was timed in
+    if base:
+        pairs = [r["residual_ms"] for r in out["rows"] if "residual_ms" in r]
+        if pairs:
+            out["rows"][0].update(median_ms=statistics.median(pairs), tokens_per_s=base["tokens"] /
+                                  (statistics.median(pairs) / 1e3), spread_pct=100 * (max(pairs) - min(pairs)) /
+                                  statistics.median(pairs))
+    base = None
+    _free_memory(device)
     hc_variants = [v for v in variants if bench.hc_family(v)]
     layer = out["layer"]
-    runs.append(("layer", "layer", len(backends) * len(hc_variants),
-                 ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
-                  "--batch", str(layer["batch"]), "--variants", *hc_variants]))
-    for name, kind, size, argv in runs:
-        if not budget.allows(f"kernels {name}", kind, size):
-            continue
+    if hc_variants and budget.allows("kernels layer", "layer", len(backends) * len(hc_variants)):
+        argv = ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
+                "--batch", str(layer["batch"]), "--variants", *hc_variants, "--hc-kernels", ",".join(backends),
+                "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]), "--head-dim", str(prof["head_dim"]),
+                "--streams", "4"] + (["--compile"] if compile_model else [])
         torch._dynamo.reset()
-        rows = bench.run_bench(bench.parse_args(argv + common), kind, device, dtype, autocast)
-        out["rows"] += [dict(r, run=name) for r in rows]
-        _free_memory(device)
-        yield out
+        rows = bench.run_bench(bench.parse_args(argv), "layer", device, dtype, autocast)
+        out["rows"] += [dict(r, run="layer") for r in rows]
     yield out
+
+
+def _fill_stream_ratios(rows):
+    """time_vs_torch of each whole-model row: its ratio to residual over that of the same
+    variant on the torch backend (each measured against the same compiled baseline)."""
+    for row in rows:
+        ref = next((r for r in rows if r["variant"] == row["variant"] and r["kernels"] == "torch"
+                    and "time_vs_residual" in r), None)
+        row["time_vs_torch"] = row["time_vs_residual"] / ref["time_vs_residual"] if ref and "time_vs_residual" in row else None
 
 
 def pre_section(prof, variants, device, dtype, autocast, compile_model, budget):
@@ -575,17 +661,29 @@ def markdown(result):
     elif kernels:
         layer = kernels["layer"]
         lines += ["", "## Stream kernels: torch, liger, fused (--hc-kernels)", "",
-                  md_table(["run", "variant", "kernels", "median ms", "spread", "x residual", "x torch", "saved MiB",
-                            "peak MiB", "first step s"],
-                           [[r["run"], r["variant"], r["kernels"], f"{r['median_ms']:.3f}", f"{r['spread_pct']:.1f}%",
-                             _f(r.get("time_vs_residual"), ".3f"), _f(r.get("time_vs_torch"), ".3f"),
-                             f"{r['saved_bytes'] / 2**20:,.1f}", _f(r.get("peak_step_mib"), ",.0f"),
-                             _f(r.get("compile_s"), ".1f")]
+                  md_table(["run", "variant", "kernels", "median ms", "spread", "tok/s", "MFU %", "x residual",
+                            "x torch", "saved MiB", "peak MiB", "first step s"],
+                           [[r["run"], r["variant"], r["kernels"], _f(r.get("median_ms"), ".3f"),
+                             _f(r.get("spread_pct"), ".1f"), _f(r.get("tokens_per_s"), ",.0f"),
+                             _f(r.get("mfu_pct"), ".1f"), _f(r.get("time_vs_residual"), ".3f"),
+                             _f(r.get("time_vs_torch"), ".3f"),
+                             _f(r["saved_bytes"] / 2**20 if "saved_bytes" in r else None, ",.1f"),
+                             _f(r.get("peak_step_mib"), ",.0f"), _f(r.get("compile_s"), ".1f")]
                             for r in kernels["rows"]]),
-                  "", f"model: the whole model at D={kernels['depth']}, forward + backward, each run timed apart with "
-                  f"the residual baseline; layer: one connection layer, B={layer['batch']} T={layer['seq_len']} "
-                  f"C={layer['width']}. Backends: {', '.join(kernels['backends'])}"
-                  + "".join(f"; not {k}: {why}" for k, why in kernels["missing"].items()) + "."]
+                  "", f"model: the whole model at D={kernels['depth']}, B={kernels.get('batch')}, forward + backward, "
+                  "compiled once each and timed interleaved with the compiled residual baseline (its row: the median "
+                  "over those pairs; spread there: their range); first step s: the compile. layer: one connection "
+                  f"layer, B={layer['batch']} T={layer['seq_len']} C={layer['width']}. Backends: "
+                  f"{', '.join(kernels['backends'])}" + "".join(f"; not {k}: {why}" for k, why in kernels["missing"].items())
+                  + "."]
+        profiled = [r for r in kernels["rows"] if r.get("top_kernels")]
+        if profiled:
+            lines += ["", f"The {TOP_KERNELS} kernels with the most self time in one profiled step of each whole-model "
+                      "case (torch.profiler)", "",
+                      md_table(["variant", "kernels", "kernel", "calls", "ms", "share"],
+                               [[r["variant"] if i == 0 else "", r["kernels"] if i == 0 else "",
+                                 f"`{op['name'][:90]}`", op["calls"], f"{op['ms']:.2f}", f"{100 * op['share']:.0f}%"]
+                                for r in profiled for i, op in enumerate(r["top_kernels"])])]
     if result.get("pre"):
         lines += ["", "## Delayed pre-weights (--hc-pre), whole model", "",
                   md_table(["variant", "pre", "median ms", "spread", "x current", "kernels generated"],
@@ -677,6 +775,8 @@ def main(argv=None):
         except Exception as e:  # report and go on: the other sections still measure something
             result["errors"].append(f"{name}: {type(e).__name__}: {e}")
         budget.close()
+        if name == "kernels":  # a case's failure is kept there, the other cases still run
+            result["errors"] += [f"kernels: {e}" for e in result.get("kernels", {}).get("errors", [])]
         result["elapsed_s"][name] = time.time() - t0
         _free_memory(device)
         write(result, args.out)

@@ -2,6 +2,7 @@
 its own timings, every variant trains, and bad flags give one error line."""
 
 import json
+import statistics
 
 import pytest
 
@@ -56,19 +57,29 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
         assert r["steps"] == 20 and r["last_loss"] < r["first_loss"] and r["val_bpb"] > 0
 
     # torch, liger and fused (the tests run Triton's interpreter: the kernels run on the CPU):
-    # the whole model first, KromHC then mHC, each run with the baseline; then one layer each
+    # the whole model first, the baseline once, then KromHC and mHC per backend, fused first,
+    # each timed with the baseline; then one layer of each on every backend
     kernels = result["kernels"]
     assert kernels["available"] and kernels["backends"] == ["torch", "liger", "fused"] and kernels["depth"] == 2
-    backends = kernels["backends"]
+    assert kernels["errors"] == []
     runs = [(r["run"], r["variant"], r["kernels"]) for r in kernels["rows"]]
-    assert runs == ([("model D2 kromhc", "residual", "torch")] + [("model D2 kromhc", "kromhc", k) for k in backends]
-                    + [("model D2 mhc", "residual", "torch")] + [("model D2 mhc", "mhc", k) for k in backends]
-                    + [("layer", v, k) for v in ("mhc", "kromhc") for k in backends])
+    assert runs == ([("model D2", "residual", "torch")]
+                    + [("model D2", v, k) for k in ("fused", "torch", "liger") for v in ("kromhc", "mhc")]
+                    + [("layer", v, k) for v in ("mhc", "kromhc") for k in kernels["backends"]])
+    model_rows = [r for r in kernels["rows"] if r["run"] == "model D2"]
+    pairs = [r["residual_ms"] for r in model_rows[1:]]
+    assert model_rows[0]["median_ms"] == pytest.approx(statistics.median(pairs))
+    for r in model_rows[1:]:
+        assert r["time_vs_residual"] == pytest.approx(r["median_ms"] / r["residual_ms"])
+        torch_row = next(t for t in model_rows if (t["variant"], t["kernels"]) == (r["variant"], "torch"))
+        assert r["time_vs_torch"] == pytest.approx(r["time_vs_residual"] / torch_row["time_vs_residual"])
+        assert r["compile_s"] > 0 and len(r["top_kernels"]) == gpu_check.TOP_KERNELS
     for r in kernels["rows"]:
-        same_run = [t for t in kernels["rows"] if t["run"] == r["run"]]
-        torch_row = next(t for t in same_run if (t["variant"], t["kernels"]) == (r["variant"], "torch"))
-        assert r["time_vs_torch"] == pytest.approx(r["median_ms"] / torch_row["median_ms"])
-        assert r["saved_bytes"] > 0
+        if r["run"] == "layer":
+            torch_row = next(t for t in kernels["rows"] if t["run"] == "layer"
+                             and (t["variant"], t["kernels"]) == (r["variant"], "torch"))
+            assert r["time_vs_torch"] == pytest.approx(r["median_ms"] / torch_row["median_ms"])
+            assert r["saved_bytes"] > 0
 
     assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
     assert "Where each step's time goes" in md
@@ -129,6 +140,37 @@ def test_kernels_section_says_why_it_cannot_measure(tmp_path, monkeypatch):
     assert not kernels["available"] and kernels["backends"] == ["torch"] and kernels["rows"] == []
     assert kernels["reason"] == "liger: Liger-Kernel not installed (pip install -e '.[kernels]'); fused: no CUDA (cpu)"
     assert "Not measured: liger: Liger-Kernel not installed" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_stream_plan_puts_the_paper_pair_first_and_falls_back_per_variant():
+    plan = gpu_check.stream_plan(["residual", "kromhc", "frac", "mhc", "go_mhc", "laurel"], ["torch", "liger", "fused"])
+    assert plan == [("kromhc", ["fused"]), ("mhc", ["fused"]), ("kromhc", ["torch"]), ("mhc", ["torch"]),
+                    ("kromhc", ["liger"]), ("mhc", ["liger"]), ("frac", ["fused", "torch", "liger"]),
+                    ("go_mhc", ["fused", "torch", "liger"]), ("laurel", ["torch"])]
+    assert gpu_check.stream_plan(["mhc"], ["torch"]) == [("mhc", ["torch"])]
+
+
+def test_a_failed_kernel_case_is_an_error_and_the_others_still_run(tmp_path, monkeypatch):
+    """frac falls back to torch (fused has no kernels for it); a case that raises is listed
+    as an error, and the cases after it are measured."""
+    measure = gpu_check._stream_row
+
+    def fails_for_mhc(case, base, variant, kernels, *rest):
+        if (variant, kernels) == ("mhc", "fused"):
+            raise RuntimeError("planted")
+        return measure(case, base, variant, kernels, *rest)
+
+    monkeypatch.setattr(gpu_check, "_stream_row", fails_for_mhc)
+    monkeypatch.setattr(gpu_check, "STREAM_ORDER", ("fused", "torch"))
+    monkeypatch.setattr(gpu_check.bench, "run_bench", lambda *a: [])  # the layer run: not under test
+    with pytest.raises(SystemExit, match="some checks failed"):
+        gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels",
+                        "--variants", "residual", "mhc", "frac"])
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = [(r["variant"], r["kernels"]) for r in result["kernels"]["rows"]]
+    assert rows == [("residual", "torch"), ("mhc", "torch"), ("frac", "torch")]
+    assert result["errors"] == ["kernels: model D2 mhc [fused]: RuntimeError: planted"]
+    assert "planted" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_pre_section_times_delayed_beside_current(tmp_path):
