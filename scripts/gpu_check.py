@@ -106,6 +106,8 @@ def build_parser():
                    help=f"what to run (default: all: {' '.join(SECTIONS)})")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="V",
                    help="connection variants (default: all)")
+    p.add_argument("--backends", nargs="+", choices=("torch", "liger", "fused"), default=["torch", "liger", "fused"],
+                   metavar="K", help="--hc-kernels backends of the kernels section (default all: torch liger fused)")
     p.add_argument("--depths", nargs="+", type=positive_int(), help="model depths (default 12 6; tiny: 1 2)")
     p.add_argument("--batch", type=positive_int(), help="device batch of the model section (default 32; halved on OOM)")
     p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 2)")
@@ -351,12 +353,14 @@ _WORDS = "the a small large red blue quick slow river stone garden window music 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
 
 
-def kernel_backends(device):
-    """(the backends that run here, {backend: why not} for the others): torch always; liger
-    and fused on CUDA (or under Triton's interpreter) when installed."""
+def kernel_backends(device, wanted=("torch", "liger", "fused")):
+    """(the backends of `wanted` that run here, {backend: why not} for the others): torch
+    always; liger and fused on CUDA (or under Triton's interpreter) when installed."""
     from nanochat.connections import fused, liger
-    ok, missing = ["torch"], {}
+    ok, missing = ["torch"] if "torch" in wanted else [], {}
     for name, module, what in (("liger", liger, "Liger-Kernel"), ("fused", fused, "Triton")):
+        if name not in wanted:
+            continue
         if not module.AVAILABLE:
             missing[name] = f"{what} not installed (pip install -e '.[kernels]')"
         elif not module.runs_on(device.type):
@@ -405,7 +409,7 @@ def _stream_row(case, base, variant, kernels, device, prof, peak_flops):
             "top_kernels": bench_profile.top_ops(case["step"], device, TOP_KERNELS, synchronize)}
 
 
-def kernels_section(prof, variants, device, dtype, autocast, compile_model, budget):
+def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_model, budget):
     """--hc-kernels torch, liger and fused, what matters most first: the whole model at the
     largest depth (D=12 on a GPU, the model section's batch), the compiled residual baseline
     once, then each case of `stream_plan` compiled, timed interleaved with the baseline,
@@ -413,8 +417,8 @@ def kernels_section(prof, variants, device, dtype, autocast, compile_model, budg
     before it); then one connection layer of every HC variant (C=768, T=2048, B=32 on a GPU)
     on every backend, timed interleaved by scripts.bench. Rows: x residual, x torch, peak
     memory, the first step's seconds (its compile). Yields the result after each case."""
-    backends, missing = kernel_backends(device)
-    out = {"available": len(backends) > 1, "backends": backends, "missing": missing, "rows": [], "errors": [],
+    backends, missing = kernel_backends(device, wanted)
+    out = {"available": bool(set(backends) - {"torch"}), "backends": backends, "missing": missing, "rows": [], "errors": [],
            "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"]), "batch": prof["kernel_model"]["batch"]}
     if not out["available"]:
         out["reason"] = "; ".join(f"{k}: {why}" for k, why in missing.items())
@@ -758,7 +762,8 @@ def main(argv=None):
         "grads": lambda: grads_section(prof, args.variants, device, dtype, autocast,
                                        "inductor" if compile_model else "eager", budget),
         "train": lambda: train_section(prof, args.variants, args.train_steps, device, budget),
-        "kernels": lambda: kernels_section(prof, args.variants, device, dtype, autocast, compile_model, budget),
+        "kernels": lambda: kernels_section(prof, args.variants, args.backends, device, dtype, autocast,
+                                                   compile_model, budget),
         "pre": lambda: [pre_section(prof, args.variants, device, dtype, autocast, compile_model, budget)],
         "infer": lambda: [infer_section(prof, args.variants, device, dtype, autocast, budget)],
     }

@@ -173,6 +173,16 @@ def test_a_failed_kernel_case_is_an_error_and_the_others_still_run(tmp_path, mon
     assert "planted" in (tmp_path / "gpu_check.md").read_text()
 
 
+def test_backends_flag_keeps_the_kernels_section_to_those(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check.bench, "run_bench", lambda *a: [])  # the layer run: not under test
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels", "--backends", "fused",
+                    "--variants", "residual", "kromhc"])
+    kernels = json.loads((tmp_path / "gpu_check.json").read_text())["kernels"]
+    assert kernels["backends"] == ["fused"] and kernels["missing"] == {}
+    assert [(r["variant"], r["kernels"]) for r in kernels["rows"]] == [("residual", "torch"), ("kromhc", "fused")]
+
+
 def test_pre_section_times_delayed_beside_current(tmp_path):
     gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "pre", "--variants", "residual", "kromhc"])
     result = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -192,9 +192,26 @@ def decode(text):
     return Seam(**values)
 
 
+# Channels per chunk times the padded stream count, forward and backward (NUM_WARPS says why;
+# scripts/bench_seams.py times other tilings on a GPU).
+CHUNK_FORWARD = 128
+CHUNK_BACKWARD = 64
+
+
 def block_c(n, backward=False):
-    """Channels per chunk (NUM_WARPS says why): the backward holds more per channel."""
-    return max(16, (64 if backward else 128) // kernel_np(n))
+    """Channels per chunk: the backward holds more per channel."""
+    return max(16, (CHUNK_BACKWARD if backward else CHUNK_FORWARD) // kernel_np(n))
+
+
+def tiling():
+    """The seam kernels' tiling: (tokens per program, warps, forward chunk, backward chunk)."""
+    return BLOCK_T, NUM_WARPS, CHUNK_FORWARD, CHUNK_BACKWARD
+
+
+def set_tiling(block_t, num_warps, chunk_forward, chunk_backward):
+    """Another tiling for the kernels compiled from now on (a benchmark's sweep)."""
+    global BLOCK_T, NUM_WARPS, CHUNK_FORWARD, CHUNK_BACKWARD
+    BLOCK_T, NUM_WARPS, CHUNK_FORWARD, CHUNK_BACKWARD = block_t, num_warps, chunk_forward, chunk_backward
 
 
 def needs_int64(*tensors):
