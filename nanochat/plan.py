@@ -10,8 +10,10 @@ the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order`
 
 The cost of a run is its training tokens over a throughput: measured, from finished run
 directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (schema in
-`read_gpu_check`), a run directory first when both measured the same variant and depth, a
-measurement of another variant at the same depth (marked ≈) when none did; else, on a GPU whose
+`read_gpu_check`), a run directory first when both measured the same variant and depth (and
+--hc-kernels backend), a measurement of another variant at the same depth (marked ≈) when none
+did; then the measurement committed as docs/gpu_check.json where the plan is for the GPU that
+made it, for exactly the runs it measured (`committed_measurement`); else, on a GPU whose
 peak is known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed");
 else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
@@ -23,6 +25,7 @@ base_train will choose; a run that fits at no batch is refused (`refused`).
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -78,6 +81,7 @@ class PlannedRun:
     finished: bool = False
     train_only: bool = False
     flops_per_token: float | None = None  # the model's estimate_flops, once `resolve` built it
+    kernels: str = "torch"  # hc_kernels
 
     @property
     def tokens(self):
@@ -100,6 +104,8 @@ class Throughput:
     n: int
     per_gpu: float  # tokens/s of one GPU
     source: str
+    kernels: str = "torch"  # the --hc-kernels backend it ran on
+    exact_only: bool = False  # prices only its own (variant, depth, n, kernels), never "≈" another
 
 
 def seed_tag(tag, seed, vary_data_order):
@@ -185,7 +191,7 @@ def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
             run = PlannedRun(config=spec.config, tag=tag, variant=variant, depth=config.get("depth", DEFAULT_DEPTH),
                              n=n, steps=steps if steps > 0 else None,
                              batch=config.get("total_batch_size", DEFAULT_BATCH), flags=flags,
-                             train_only=spec.train_only)
+                             train_only=spec.train_only, kernels=config.get("hc_kernels", "torch"))
             if runs_root is not None:
                 run.finished, run.done_steps = progress(Path(runs_root) / tag)
             runs.append(run)
@@ -338,26 +344,59 @@ def measured_from_runs(runs_root):
     return out
 
 
-def read_gpu_check(path):
-    """Throughputs from scripts.gpu_check's JSON (one GPU): its "model" section, one entry per
-    (depth, variant) with "label", "variant", "depth", "n" and "tokens_per_s" (a forward +
-    backward step, without the optimizer: a slight overestimate of training throughput). The
-    full-causal reference rows (label != variant) and a --tiny run's CPU toy numbers are not
-    measurements of a paper run and are skipped, as are malformed entries."""
+def read_gpu_check(path, exact_only=False):
+    """Throughputs from scripts.gpu_check's JSON (one GPU): a forward + backward step without
+    the optimizer (a slight overestimate of training throughput). From its "model" section, one
+    entry per (depth, variant) with "label", "variant", "depth", "n" and "tokens_per_s" (the
+    torch backend; the full-causal reference rows, label != variant, are skipped); and from its
+    "kernels" section the whole-model rows ("run" "model D<depth>") with their "kernels"
+    backend. A --tiny run's CPU toy numbers are not measurements of a paper run and are
+    skipped, as are malformed entries. exact_only: see Throughput."""
     data = _read_json(Path(path))
-    if not isinstance(data, dict) or data.get("profile") != "gpu" or not isinstance(data.get("model"), list):
+    if not isinstance(data, dict) or data.get("profile") != "gpu":
         return []
+    entries = [dict(e, kernels="torch") for e in data.get("model") or [] if isinstance(e, dict)
+               and e.get("label") == e.get("variant")]
+    kernels = data.get("kernels")
+    for e in kernels.get("rows") or [] if isinstance(kernels, dict) else []:
+        run = e.get("run") if isinstance(e, dict) else None
+        if isinstance(run, str) and run.startswith("model D") and run[7:].isdigit():
+            entries.append(dict(e, depth=e.get("depth", int(run[7:]))))
     out = []
-    for e in data["model"]:
-        if not isinstance(e, dict) or e.get("label") != e.get("variant"):
-            continue
-        variant, depth, rate, n = e.get("variant"), e.get("depth"), e.get("tokens_per_s"), e.get("n")
+    for e in entries:
+        variant, depth, rate, n, backend = (e.get(k) for k in ("variant", "depth", "tokens_per_s", "n", "kernels"))
         if not isinstance(variant, str) or not isinstance(depth, int) or not isinstance(rate, (int, float)) \
-                or not rate > 0:
+                or not rate > 0 or not isinstance(backend, str):
             continue
         n = stream_count(variant, n if isinstance(n, int) else None)
-        out.append(Throughput(variant, depth, n, float(rate), Path(path).name))
+        out.append(Throughput(variant, depth, n, float(rate), Path(path).name, backend, exact_only))
     return out
+
+
+# The measurement committed with the code (scripts.gpu_check on one GPU): it prices a plan for
+# that GPU where nothing nearer was measured, for exactly the runs it measured.
+COMMITTED_GPU_CHECK = Path(__file__).resolve().parents[1] / "docs" / "gpu_check.json"
+
+
+def committed_measurement(gpu_name, path=COMMITTED_GPU_CHECK):
+    """read_gpu_check of the committed measurement when it was made on the GPU named (exactly
+    as nvidia-smi names it, case aside), each marked exact_only and "docs/..., <GPU>"; else []."""
+    data = _read_json(Path(path))
+    device = data.get("env", {}).get("device_name") if isinstance(data, dict) else None
+    if not gpu_name or not isinstance(device, str) or device.lower() != gpu_name.strip().lower():
+        return []
+    return [dataclasses.replace(m, source=f"docs/{Path(path).name}, {device}")
+            for m in read_gpu_check(path, exact_only=True)]
+
+
+def covered_line(measured):
+    """Which runs the committed measurement prices (None when it prices none)."""
+    committed = sorted({(m.source, m.variant, m.depth, m.kernels) for m in measured if m.exact_only})
+    if not committed:
+        return None
+    return (f"measured in {committed[0][0]}: " + ", ".join(f"{v} D{d}" + ("" if k == "torch" else f" ({k})")
+                                                          for _, v, d, k in committed)
+            + "; any other run of the plan is priced otherwise (its column says how)")
 
 
 @dataclass(frozen=True)
@@ -394,10 +433,11 @@ def find_throughput(run, measured, assumption=None):
     """The best throughput for a run and how it was had: "measured" (same variant, depth and n),
     "≈" (measured on another variant at the same depth), "assumed" (the MFU assumption), else
     (None, None)."""
-    exact = [m for m in measured if (m.variant, m.depth, m.n) == (run.variant, run.depth, run.n)]
+    exact = [m for m in measured if (m.variant, m.depth, m.n) == (run.variant, run.depth, run.n)
+             and (m.kernels == run.kernels or single_state(run.variant))]
     if exact:
         return exact[0], "measured"
-    same_depth = [m for m in measured if m.depth == run.depth]
+    same_depth = [m for m in measured if m.depth == run.depth and not m.exact_only]
     if same_depth:
         return same_depth[0], "≈"
     rate = None if assumption is None else assumption.throughput(run)
@@ -484,6 +524,9 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
         lines.append(f"cannot estimate {', '.join(unknown)}: {reason}")
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
+    covered = covered_line(measured)
+    if covered:
+        lines.append(covered + ".")
     lines.append("≈: measured on another variant of the same depth. Evaluation time is not included.")
     if memory:
         lines.append(memory.describe())

@@ -29,6 +29,7 @@ import time
 import torch
 
 from nanochat.cli import positive_int, run
+from nanochat.common import single_gpu_device
 
 # The kernels' own first (the reference), then the likeliest first: a seam program is a chain
 # of dependent chunk loads, so more tokens or channels per chunk and more programs per SM
@@ -229,7 +230,8 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("no CUDA device: run on a GPU, or with TRITON_INTERPRET=1 for a toy-size check")
-    device = torch.device("cuda" if cuda else "cpu")
+    # TF32 for the projection's products, as in training: the kernels' dots follow that setting
+    device = single_gpu_device() if cuda else torch.device("cpu")
     size = SIZES["gpu" if cuda else "tiny"]
     out = {"size": size, "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "tilings": [list(t) for t in args.tilings], "torch_backend": {}, "rows": [], "skipped": []}

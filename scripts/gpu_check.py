@@ -401,7 +401,8 @@ def _stream_row(case, base, variant, kernels, device, prof, peak_flops):
     times = bench.time_interleaved({"residual": base, "case": case}, prof["warmup"], prof["reps"], device)
     summary, ref = (bench.summarize(times[k], case["tokens"]) for k in ("case", "residual"))
     flops = case["module"].estimate_flops()
-    return {"variant": variant, "kernels": kernels, "compile_s": compile_s, "compiled_kernels": kernel_count,
+    return {"variant": variant, "kernels": kernels, "n": case["n"], "compile_s": compile_s,
+            "compiled_kernels": kernel_count,
             **{k: summary[k] for k in ("median_ms", "spread_pct", "tokens_per_s")},
             "residual_ms": ref["median_ms"], "time_vs_residual": summary["median_ms"] / ref["median_ms"],
             "mfu_pct": 100 * flops * summary["tokens_per_s"] / peak_flops if peak_flops != float("inf") else None,
@@ -433,7 +434,8 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
     if plan and budget.allows(f"kernels {label} residual", "model", depth):
         base = _model_case(prof, depth, "residual", "torch", device, dtype, autocast, compile_model)
         kernel_count, compile_s = bench.compiled_kernels(base)
-        out["rows"].append({"run": label, "variant": "residual", "kernels": "torch", "compile_s": compile_s,
+        out["rows"].append({"run": label, "depth": depth, "variant": "residual", "kernels": "torch", "n": base["n"],
+                            "compile_s": compile_s,
                             "compiled_kernels": kernel_count, "time_vs_residual": 1.0,
                             "peak_step_mib": bench.peak_step_mib(base["module"], base["step"], device),
                             "top_kernels": bench_profile.top_ops(base["step"], device, TOP_KERNELS, synchronize)})
@@ -447,7 +449,8 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
             except SystemExit:  # bench's one line for a config this backend refuses: the next one
                 continue
             try:
-                out["rows"].append(dict(_stream_row(case, base, variant, kernels, device, prof, peak_flops), run=label))
+                out["rows"].append(dict(_stream_row(case, base, variant, kernels, device, prof, peak_flops),
+                                        run=label, depth=depth))
             except Exception as e:  # one case's failure must not hide the others
                 out["errors"].append(f"{label} {variant} [{kernels}]: {type(e).__name__}: {e}")
             break
@@ -456,14 +459,8 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
         case = None
         _free_memory(device)
         _fill_stream_ratios(out["rows"])
+        _baseline_timing(out["rows"], base, peak_flops)
         yield out
-    # the baseline's own timing: its median over every pair it was timed in
-    if base:
-        pairs = [r["residual_ms"] for r in out["rows"] if "residual_ms" in r]
-        if pairs:
-            out["rows"][0].update(median_ms=statistics.median(pairs), tokens_per_s=base["tokens"] /
-                                  (statistics.median(pairs) / 1e3), spread_pct=100 * (max(pairs) - min(pairs)) /
-                                  statistics.median(pairs))
     base = None
     _free_memory(device)
     hc_variants = [v for v in variants if bench.hc_family(v)]
@@ -477,6 +474,18 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
         rows = bench.run_bench(bench.parse_args(argv), "layer", device, dtype, autocast)
         out["rows"] += [dict(r, run="layer") for r in rows]
     yield out
+
+
+def _baseline_timing(rows, base, peak_flops):
+    """The baseline row's own timing: its median over every pair it was timed in (spread:
+    their range)."""
+    pairs = [r["residual_ms"] for r in rows if "residual_ms" in r]
+    if pairs:
+        ms = statistics.median(pairs)
+        rate = base["tokens"] / (ms / 1e3)
+        rows[0].update(median_ms=ms, tokens_per_s=rate, spread_pct=100 * (max(pairs) - min(pairs)) / ms,
+                       mfu_pct=100 * base["module"].estimate_flops() * rate / peak_flops
+                       if peak_flops != float("inf") else None)
 
 
 def _fill_stream_ratios(rows):

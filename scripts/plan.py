@@ -13,8 +13,10 @@ configs' settings, the depth and the horizon overridden, tags `<prefix>_d<depth>
 the three may be mixed, in that order. The run list (--tsv) has one line per run: config, model
 tag, `all` or `train` (train: no evaluation after training), then the extra base_train flags,
 tab-separated; speedrun.sh trains them in that order. Throughput comes from finished runs under
-<base dir>/runs, else from <base dir>/gpu_check.json (or --gpu-check FILE), else, for a GPU
-named by --gpu-name whose peak is known, from an assumed MFU (--mfu); see nanochat/plan.py.
+<base dir>/runs, else from <base dir>/gpu_check.json (or --gpu-check FILE), else, for the GPU
+that made docs/gpu_check.json named by --gpu-name, from that measurement for exactly the runs it
+measured, else, for a GPU named by --gpu-name whose peak is known, from an assumed MFU (--mfu);
+see nanochat/plan.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
 """
 
@@ -102,7 +104,8 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     gpu_check = Path(args.gpu_check) if args.gpu_check else base / "gpu_check.json"
-    measured = plan.measured_from_runs(runs_root) + (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
+    measured = (plan.measured_from_runs(runs_root) + (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
+                + plan.committed_measurement(args.gpu_name))
     assumption = plan.assumption_for(args.gpu_name, args.mfu)
     if args.tsv:
         Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, "train" if r.train_only else "all", *r.flags])

@@ -50,3 +50,18 @@ def test_bad_flags_are_one_error_line(argv, phrase, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "error:" in line][0].count(phrase) == 1
     assert "Traceback" not in err
+
+
+def test_on_a_gpu_the_dots_take_trainings_precision(monkeypatch):
+    """The seams' products follow torch's fp32 matmul setting (TF32 in training): the sweep
+    must take its device through the same setup as training's tools, or it times IEEE dots."""
+    class Taken(Exception):
+        pass
+
+    def single_gpu_device():
+        raise Taken
+
+    monkeypatch.setattr(bench_seams.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench_seams, "single_gpu_device", single_gpu_device)
+    with pytest.raises(Taken):
+        bench_seams.main(["--variants", "kromhc"])

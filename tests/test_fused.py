@@ -29,7 +29,7 @@ pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.
 
 TOL = 1e-5  # relative, in norm (fp32)
 BF16_TOL = 2e-2  # bf16 streams: a few roundings of 2^-8
-N_TOKENS = 21  # not a multiple of fused.BLOCK_T (16)
+N_TOKENS = 21  # not a multiple of a program's tokens (fused.BLOCK_T, fused.backward_tiling)
 C = 40  # not a multiple of the channel chunk (32 for n <= 4, 16 for n = 8)
 EPS = ops.RMS_EPS
 # every HC-family variant, at the n it allows among 2, 3, 4, 8 (mhc_lite: n! permutations, <= 6)
@@ -424,3 +424,18 @@ def test_kernel_table_of_the_permutation_mixture():
     U1 = torch.tensor([[0.3, 0.7], [0.7, 0.3]])
     U2 = torch.tensor([[0.6, 0.4], [0.4, 0.6]])
     torch.testing.assert_close(H.view(NP, NP)[:4, :4], torch.kron(U2, U1))
+
+
+def test_the_widest_maps_take_fewer_tokens_per_backward_program():
+    """A backward program holds a tokens x KBX tile of res logits: the maps past 16 columns
+    (mhc-lite, go-mHC) halve their tokens and double their warps (scripts.kernel_check finds
+    them spilling otherwise), and their grid follows."""
+    for variant, wide in (("kromhc", False), ("mhc", False), ("mhc_lite", True), ("go_mhc", True)):
+        fields = fused.layer_target(layer_of(variant, 4)).fields
+        seam = fused.Seam(4, source="post", read="projected", **fields)
+        constexprs = seam.backward_constexprs()
+        block, warps = fused.backward_tiling(constexprs["KBX"])
+        assert constexprs["BLOCK_T"] == block == (fused.BLOCK_T // 2 if wide else fused.BLOCK_T)
+        assert warps == (2 * fused.NUM_WARPS if wide else fused.NUM_WARPS)
+        assert seam.forward_constexprs()["BLOCK_T"] == fused.BLOCK_T
+        assert fused.seam_grid(100, block) == (-(-100 // block),)

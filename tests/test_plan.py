@@ -88,6 +88,49 @@ def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
     assert plan.read_gpu_check(check) == []
 
 
+def test_gpu_check_kernel_rows_price_their_own_backend(tmp_path):
+    """The kernels section's whole-model rows count as measurements of their backend: a torch
+    run is priced from the torch row, never from a fused one."""
+    k = write_config(tmp_path, "k", hc="kromhc")
+    f = write_config(tmp_path, "f", hc="kromhc", hc_kernels="\"fused\"")
+    r = write_config(tmp_path, "r", hc="residual")
+    runs = plan.plan_runs([k, f, r], seeds=1)
+    check = tmp_path / "gpu_check.json"
+    rows = [dict(run="model D12", variant="residual", kernels="torch", tokens_per_s=4000.0),
+            dict(run="model D12", variant="kromhc", kernels="fused", tokens_per_s=2500.0),
+            dict(run="model D12", variant="kromhc", kernels="liger"),  # failed: no rate, skipped
+            dict(run="layer", variant="kromhc", kernels="torch", tokens_per_s=9e9)]  # one layer: not a model
+    check.write_text(json.dumps({"profile": "gpu", "kernels": {"rows": rows}}))
+    measured = plan.read_gpu_check(check)
+    assert [(m.variant, m.depth, m.n, m.kernels) for m in measured] == [("residual", 12, 1, "torch"),
+                                                                        ("kromhc", 12, 4, "fused")]
+    assert plan.find_throughput(runs[1], measured) == (measured[1], "measured")
+    assert plan.find_throughput(runs[0], measured)[1] == "≈"  # the torch run: another backend's number, marked
+    assert plan.find_throughput(runs[2], measured) == (measured[0], "measured")
+
+
+def test_the_committed_measurement_prices_exactly_its_runs_on_its_gpu(tmp_path, capsys):
+    k = write_config(tmp_path, "k", hc="kromhc")
+    m = write_config(tmp_path, "m", hc="mhc")
+    check = tmp_path / "gpu_check.json"
+    rows = [dict(run="model D12", variant="residual", kernels="torch", tokens_per_s=4000.0),
+            dict(run="model D12", variant="kromhc", kernels="torch", tokens_per_s=2000.0)]
+    check.write_text(json.dumps({"profile": "gpu", "env": {"device_name": "NVIDIA H200"}, "kernels": {"rows": rows}}))
+    assert plan.committed_measurement("NVIDIA H100 80GB HBM3", check) == []  # another GPU's numbers: none
+    measured = plan.committed_measurement("nvidia h200", check)
+    assert {m.source for m in measured} == {"docs/gpu_check.json, NVIDIA H200"}
+    runs = plan.plan_runs([k, m], seeds=1)
+    assumption = plan.assumption_for("NVIDIA H200")
+    assert plan.find_throughput(runs[0], measured, assumption) == (measured[1], "measured")
+    assert plan.find_throughput(runs[1], measured, assumption)[1] == "assumed"  # not ≈ from KromHC's
+    text = plan.plan_table(runs, measured, 8, assumption=assumption)
+    assert "measured in docs/gpu_check.json, NVIDIA H200: kromhc D12, residual D12" in text
+    assert "(partly assumed, see below)" in text
+    # the committed file itself was measured on a GPU and names it
+    committed = json.loads(plan.COMMITTED_GPU_CHECK.read_text())
+    assert plan.committed_measurement(committed["env"]["device_name"])
+
+
 def test_cli_writes_the_run_list_and_refuses_bad_input(tmp_path, capsys):
     a = write_config(tmp_path, "a")
     tsv = tmp_path / "plan.tsv"

@@ -75,3 +75,21 @@ def test_the_floor_predicts_the_issues_figure():
     assert abs(per_step / 1e9 - 50.7) < 0.1
     assert abs(traffic.predicted_ratio(extra, 114.4, 4.8e12) - (1 + per_step / (0.8 * 4.8e12) * 1e3 / 114.4)) < 1e-12
     assert traffic.predicted_ratio(0, 114.4, 4.8e12) == 1
+
+
+def test_the_residual_step_comes_from_either_section_of_a_gpu_check(tmp_path):
+    import json
+    path = tmp_path / "gpu_check.json"
+    env = {"device_name": "NVIDIA H200"}
+    path.write_text(json.dumps({"env": env, "model": [
+        {"label": "residual (full causal)", "depth": 12, "median_ms": 1.0},
+        {"label": "residual", "depth": 6, "median_ms": 2.0}, {"label": "residual", "depth": 12, "median_ms": 114.4}]}))
+    assert traffic.residual_step(str(path)) == (114.4, "NVIDIA H200")
+    path.write_text(json.dumps({"env": env, "kernels": {"rows": [
+        {"run": "layer", "variant": "residual", "median_ms": 1.0},
+        {"run": "model D12", "variant": "kromhc", "median_ms": 181.9},
+        {"run": "model D12", "variant": "residual", "median_ms": 115.2}]}}))
+    assert traffic.residual_step(str(path)) == (115.2, "NVIDIA H200")
+    # the committed measurement has one
+    ms, device = traffic.residual_step()
+    assert ms > 0 and device.startswith("NVIDIA")

@@ -69,10 +69,14 @@ from nanochat.connections.res_maps import cayley_pad, kernel_np, next_power_of_t
 
 INSTALL_HINT = "pip install -e '.[kernels]'"
 AVAILABLE = importlib.util.find_spec("triton") is not None
-BLOCK_T = 16  # tokens per program: the smallest tile a tensor-core product takes
-# Warps per program of the seam kernels, and channels per chunk (block_c): the largest tiles
-# whose registers fit without spilling at every n (the AOT check, docs/kernels.md).
-NUM_WARPS = 8
+# The tiling, from an H200 (docs/gpu_measured.md, scripts/bench_seams.py). A program walks the
+# channels in chunks, each a step of dependent loads, tensor-core products and mixes: its time
+# is chunks x one step's latency. 16 tokens over 8 warps left most warps idle in the products
+# (a product takes 16 rows per warp) and the D=12 KromHC step at 4.3x residual's; 64 tokens
+# over 4 warps took it to 1.6x, and 32 over 4 timed within 4 % of that in the seams' sweep
+# without the backward spills 64 costs (the AOT check, docs/kernels.md).
+BLOCK_T = 32  # tokens per program (backward_tiling: fewer for the widest H_res maps)
+NUM_WARPS = 4
 # Let ptxas give a seam kernel every register it can (255) rather than spill to stay at an
 # occupancy step (it capped some at 128 and spilled).
 MAX_REGISTERS = 255
@@ -170,8 +174,9 @@ class Seam:
 
     def backward_constexprs(self):
         # the Sinkhorn backward keeps every round's potentials: a power-of-two register tile
-        return dict(self.constexprs(), SK_HIST=next_power_of_two(max(1, self.sk_iters)),
-                    BLOCK_C=block_c(self.n, backward=True))
+        c = self.constexprs()
+        return dict(c, SK_HIST=next_power_of_two(max(1, self.sk_iters)), BLOCK_C=block_c(self.n, backward=True),
+                    BLOCK_T=backward_tiling(c["KBX"])[0])
 
 
 def describe(constexprs):
@@ -192,8 +197,8 @@ def decode(text):
     return Seam(**values)
 
 
-# Channels per chunk times the padded stream count, forward and backward (NUM_WARPS says why;
-# scripts/bench_seams.py times other tilings on a GPU).
+# Channels per chunk times the padded stream count, forward and backward: with BLOCK_T, tiles
+# whose registers fit without spilling at every n (the AOT check, docs/kernels.md).
 CHUNK_FORWARD = 128
 CHUNK_BACKWARD = 64
 
@@ -201,6 +206,16 @@ CHUNK_BACKWARD = 64
 def block_c(n, backward=False):
     """Channels per chunk: the backward holds more per channel."""
     return max(16, (CHUNK_BACKWARD if backward else CHUNK_FORWARD) // kernel_np(n))
+
+
+def backward_tiling(kbx):
+    """(tokens, warps) of a backward program. The H_res map's gradient holds a tokens x KBX tile
+    of res logits and its products with the map's tables: past 16 logit columns (mhc-lite's n!
+    permutations, go-mHC's generator: 32) each further 16 halve the tokens and double the warps,
+    which keeps the registers per thread under a spill (scripts.kernel_check: they spill at
+    BLOCK_T tokens, and at half of it over NUM_WARPS)."""
+    wide = max(1, kbx // 16)
+    return max(16, BLOCK_T // wide), NUM_WARPS * wide
 
 
 def tiling():
@@ -257,7 +272,7 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     out = _outputs(seam, x)
     N, _, C = x.shape
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
-    kernels().seam_forward[seam_grid(N)](
+    kernels().seam_forward[seam_grid(N, BLOCK_T)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), *(_or(o, x) for o in out), N, seam.eps, seam.eps_u, C=C,
         DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
@@ -288,15 +303,17 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
                  for cond in (seam.on_chip, seam.on_chip, seam.projects)]
     gz, gzx, gxw = per_token
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
-    kernels().seam_backward[seam_grid(N)](
+    constexprs = seam.backward_constexprs()
+    block_t, num_warps = backward_tiling(constexprs["KBX"])
+    kernels().seam_backward[seam_grid(N, block_t)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(pre, x), _or(g_xnext, x), _or(g_u, x),
         _or(g_hpost, x), _or(g_hres, x), _or(g_pre, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x),
         _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), N, seam.eps, seam.eps_u, C=C,
         HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
         HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
-        NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS,
-        maxnreg=MAX_REGISTERS, **seam.backward_constexprs())
+        NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=num_warps,
+        maxnreg=MAX_REGISTERS, **constexprs)
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
     if seam.on_chip:  # the per-token gradients of z = scale * x'W + bias, summed over tokens
@@ -362,9 +379,9 @@ def triton_cdiv(a, b):
     return -(-a // b)
 
 
-def seam_grid(N):
-    """Programs of a seam kernel for N tokens: one per BLOCK_T tokens."""
-    return (triton_cdiv(N, BLOCK_T),)
+def seam_grid(N, block_t):
+    """Programs of a seam kernel for N tokens: one per block_t tokens."""
+    return (triton_cdiv(N, block_t),)
 
 
 def weight_grad_grid(N, D):
