@@ -11,10 +11,9 @@ the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order`
 The cost of a run is its training tokens over a throughput: measured, from finished run
 directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (schema in
 `read_gpu_check`), a run directory first when both measured the same variant and depth (and
---hc-kernels backend), a measurement of another variant at the same depth (marked ≈) when none
-did; then the measurement committed as docs/gpu_check.json where the plan is for the GPU that
-made it, for exactly the runs it measured (`committed_measurement`); else, on a GPU whose
-peak is known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed");
+--hc-kernels backend); then the measurement committed as docs/gpu_check.json where the plan is
+for the GPU that made it, for exactly the runs it measured (`committed_measurement`); then a
+measurement of another variant at the same depth (marked ≈); else, on a GPU whose peak is known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed");
 else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
 device, which costs a torch import: done only when a throughput can use it).
@@ -430,8 +429,9 @@ def assumption_for(gpu_name, mfu=ASSUMED_MFU):
 
 
 def find_throughput(run, measured, assumption=None):
-    """The best throughput for a run and how it was had: "measured" (same variant, depth and n),
-    "≈" (measured on another variant at the same depth), "assumed" (the MFU assumption), else
+    """The best throughput for a run and how it was had: "measured" (same variant, depth, n and
+    backend; any backend for a single-state variant), "≈" (measured on another variant at the
+    same depth, never from an exact_only measurement), "assumed" (the MFU assumption), else
     (None, None)."""
     exact = [m for m in measured if (m.variant, m.depth, m.n) == (run.variant, run.depth, run.n)
              and (m.kernels == run.kernels or single_state(run.variant))]

@@ -419,8 +419,9 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
     on every backend, timed interleaved by scripts.bench. Rows: x residual, x torch, peak
     memory, the first step's seconds (its compile). Yields the result after each case."""
     backends, missing = kernel_backends(device, wanted)
-    out = {"available": bool(set(backends) - {"torch"}), "backends": backends, "missing": missing, "rows": [], "errors": [],
-           "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"]), "batch": prof["kernel_model"]["batch"]}
+    out = {"available": bool(set(backends) - {"torch"}), "backends": backends, "missing": missing, "rows": [],
+           "errors": [], "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"]),
+           "batch": prof["kernel_model"]["batch"]}
     if not out["available"]:
         out["reason"] = "; ".join(f"{k}: {why}" for k, why in missing.items())
         yield out
