@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from nanochat.cli import positive_int, run
+from nanochat.cli import nonneg_int, positive_int, run
 from nanochat.common import single_gpu_device
 
 # The kernels' own first (the reference), then the likeliest first: a seam program is a chain
@@ -57,6 +57,8 @@ def build_parser():
                    metavar="T,W,F,B", help="tokens per program, warps, forward and backward chunk; the first is the "
                                            "reference (default: the kernels' own, then eight others)")
     p.add_argument("--reps", type=positive_int(), default=20, help="timed calls per case (default 20)")
+    p.add_argument("--warmup", type=nonneg_int(), default=2,
+                   help="untimed calls per case after its first, the check's (default 2)")
     p.add_argument("--out", default=".", help="directory for bench_seams.json (default .)")
     p.add_argument("--sweep-budget", type=positive_int(), default=600,
                    help="seconds after which no further tiling starts (default 600)")
@@ -113,9 +115,9 @@ def rel_gap(a, b):
     return max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-30)).item() for k in b)
 
 
-def time_ms(fn, reps, device):
-    """Median ms of `fn` (events on CUDA, the clock elsewhere) after two warm-up calls."""
-    for _ in range(2):
+def time_ms(fn, warmup, reps, device):
+    """Median ms of `fn` (events on CUDA, the clock elsewhere) after `warmup` untimed calls."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
@@ -173,8 +175,8 @@ def sweep(args, device, size, out, t0):
     for variant, (x0, grad) in data.items():
         reference = trunk(variant, size, "torch", device)
         out["torch_backend"][variant] = {
-            "forward_ms": time_ms(lambda: step(reference, x0, grad, False), args.reps, device),
-            "step_ms": time_ms(lambda: step(reference, x0, grad, True), args.reps, device)}
+            "forward_ms": time_ms(lambda: step(reference, x0, grad, False), args.warmup, args.reps, device),
+            "step_ms": time_ms(lambda: step(reference, x0, grad, True), args.warmup, args.reps, device)}
     reference = None
     start = fused.tiling()
     try:
@@ -190,8 +192,8 @@ def sweep(args, device, size, out, t0):
                     got = results(conn, x0, grad)
                     first.setdefault(variant, got)
                     row.update(max_rel_gap=rel_gap(got, first[variant]),
-                               forward_ms=time_ms(lambda: step(conn, x0, grad, False), args.reps, device),
-                               step_ms=time_ms(lambda: step(conn, x0, grad, True), args.reps, device))
+                               forward_ms=time_ms(lambda: step(conn, x0, grad, False), args.warmup, args.reps, device),
+                               step_ms=time_ms(lambda: step(conn, x0, grad, True), args.warmup, args.reps, device))
                     row["x_torch"] = row["step_ms"] / out["torch_backend"][variant]["step_ms"]
                 except Exception as e:  # a tiling that does not compile or run: listed, the sweep goes on
                     row["error"] = f"{type(e).__name__}: {e}"[:500]

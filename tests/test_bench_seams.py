@@ -14,7 +14,7 @@ def test_a_sweep_times_every_tiling_against_the_first(tmp_path, monkeypatch, cap
     from nanochat.connections import fused
     before = fused.tiling()
     bench_seams.main(["--out", str(tmp_path), "--variants", "kromhc", "--tilings", "16,8,128,64", "32,2,256,128",
-                      "--reps", "1"])
+                      "--reps", "1", "--warmup", "0"])
     assert fused.tiling() == before  # the sweep leaves the kernels' own tiling in place
     result = json.loads((tmp_path / "bench_seams.json").read_text())
     rows = result["rows"]
