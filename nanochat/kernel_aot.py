@@ -182,7 +182,8 @@ def specialize(launch, cc):
     return target, ASTSource(fn, signature, constexprs, attrs), options, bound
 
 
-def _key(launch):
+def launch_key(launch):
+    """What tells two launches' binaries apart: the source as specialized, and the options."""
     _, src, options, _ = specialize(launch, TARGETS[-1])
     return src.hash() + str(options)
 
@@ -220,7 +221,7 @@ def compile_all(launches, targets=TARGETS, workers=None):
     CPUs): most of a compile is ptxas, a process of its own."""
     groups = {}
     for launch in launches:
-        groups.setdefault(_key(launch), []).append(launch)
+        groups.setdefault(launch_key(launch), []).append(launch)
     firsts = [same[0] for same in groups.values()]
     jobs = [(i, cc) for i in range(len(firsts)) for cc in targets]
     with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count()) as pool:

@@ -31,10 +31,10 @@ import torch
 from nanochat.cli import nonneg_int, positive_int, run
 from nanochat.common import single_gpu_device
 
-# The kernels' own first (the reference), then the likeliest first: a seam program is a chain
-# of dependent chunk loads, so more tokens or channels per chunk and more programs per SM
-DEFAULT_TILINGS = ["16,8,128,64", "32,4,128,64", "64,4,64,32", "64,8,128,64", "16,4,128,64", "32,8,256,128",
-                   "16,2,64,32", "32,8,128,64", "16,4,256,128"]
+# After the kernels' own (the reference), the likeliest first: a seam program is a chain of
+# dependent chunk steps, so more tokens or channels per chunk and more programs per SM
+OTHER_TILINGS = ["64,4,64,32", "16,8,128,64", "32,4,128,64", "64,8,128,64", "16,4,128,64", "32,8,256,128",
+                 "16,2,64,32", "32,8,128,64", "16,4,256,128"]
 SIZES = {"gpu": dict(B=32, T=2048, C=768, n=4), "tiny": dict(B=2, T=24, C=40, n=4)}
 
 
@@ -48,12 +48,19 @@ def tiling(text):
     return values
 
 
+def default_tilings():
+    """The kernels' own tiling, then the others."""
+    from nanochat.connections import fused
+    own = fused.tiling()
+    return [own] + [t for t in map(tiling, OTHER_TILINGS) if t != own]
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m scripts.bench_seams", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--variants", nargs="+", default=["kromhc", "mhc"], help="HC variants (default kromhc mhc)")
-    p.add_argument("--tilings", nargs="+", type=tiling, default=[tiling(t) for t in DEFAULT_TILINGS],
+    p.add_argument("--tilings", nargs="+", type=tiling, default=default_tilings(),
                    metavar="T,W,F,B", help="tokens per program, warps, forward and backward chunk; the first is the "
                                            "reference (default: the kernels' own, then eight others)")
     p.add_argument("--reps", type=positive_int(), default=20, help="timed calls per case (default 20)")
@@ -156,7 +163,7 @@ def precompile(variants, tilings, device):
                     kernel_aot.run_fused(dict(hc=variant))
     finally:
         fused.set_tiling(*start)
-    distinct = {kernel_aot._key(launch): launch for launch in launches}
+    distinct = {kernel_aot.launch_key(launch): launch for launch in launches}
 
     def build(launch):
         target, src, options, _ = kernel_aot.specialize(launch, cc)

@@ -65,3 +65,9 @@ def test_on_a_gpu_the_dots_take_trainings_precision(monkeypatch):
     monkeypatch.setattr(bench_seams, "single_gpu_device", single_gpu_device)
     with pytest.raises(Taken):
         bench_seams.main(["--variants", "kromhc"])
+
+
+def test_the_default_sweep_starts_from_the_kernels_own_tiling():
+    from nanochat.connections import fused
+    tilings = bench_seams.build_parser().parse_args([]).tilings
+    assert tilings[0] == fused.tiling() and len(set(tilings)) == len(tilings) == 9
