@@ -13,16 +13,17 @@ def test_a_sweep_times_every_tiling_against_the_first(tmp_path, monkeypatch, cap
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from nanochat.connections import fused
     before = fused.tiling()
-    bench_seams.main(["--out", str(tmp_path), "--variants", "kromhc", "--tilings", "16,8,128,64", "32,2,256,128",
+    bench_seams.main(["--out", str(tmp_path), "--variants", "hc_identity", "--tilings", "16,8,128,64", "32,2,256,128",
                       "--reps", "1", "--warmup", "0"])
     assert fused.tiling() == before  # the sweep leaves the kernels' own tiling in place
     result = json.loads((tmp_path / "bench_seams.json").read_text())
     rows = result["rows"]
-    assert [(r["variant"], r["tiling"]) for r in rows] == [("kromhc", [16, 8, 128, 64]), ("kromhc", [32, 2, 256, 128])]
+    assert [(r["variant"], r["tiling"]) for r in rows] == [("hc_identity", [16, 8, 128, 64]),
+                                                           ("hc_identity", [32, 2, 256, 128])]
     assert rows[0]["max_rel_gap"] == 0 and rows[1]["max_rel_gap"] < 1e-5  # fp32: the same function
     for r in rows:
         assert r["step_ms"] > r["forward_ms"] > 0
-        assert r["x_torch"] == pytest.approx(r["step_ms"] / result["torch_backend"]["kromhc"]["step_ms"])
+        assert r["x_torch"] == pytest.approx(r["step_ms"] / result["torch_backend"]["hc_identity"]["step_ms"])
     assert tuple(result["fastest"]) == min((tuple(r["tiling"]) for r in rows),
                                            key=lambda t: next(r["step_ms"] for r in rows if tuple(r["tiling"]) == t))
     assert "fastest:" in capsys.readouterr().out
