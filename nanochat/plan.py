@@ -13,8 +13,9 @@ directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (sch
 `read_gpu_check`), a run directory first when both measured the same variant and depth (and
 --hc-kernels backend); then the measurement committed as docs/gpu_check.json where the plan is
 for the GPU that made it, for exactly the runs it measured (`committed_measurement`); then a
-measurement of another variant at the same depth (marked ≈); else, on a GPU whose peak is known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed");
-else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
+measurement of another variant at the same depth (marked ≈); else, on a GPU whose peak is
+known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed"); else none
+and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
 device, which costs a torch import: done only when a throughput can use it).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
