@@ -101,20 +101,23 @@ def touches_streams(args):
 
 
 def fused_workloads():
-    """(label, config fields) of every distinct seam set: each HC variant with current and
-    delayed pre-weights, and the learned head (the other options launch the same kernels)."""
+    """(label, config fields) of every distinct seam set: each wiring that runs on the fused
+    seams (SPEC backends), with current and, where it takes them, delayed pre-weights, and the
+    learned head (the other options launch the same kernels)."""
     from nanochat import connections
     out = []
     for name in connections.VARIANTS:
-        if connections.hc_family(name):
-            out += [(f"{name}", dict(hc=name)), (f"{name} delayed", dict(hc=name, hc_pre="delayed"))]
+        if connections.runs_on(name, "fused"):
+            out.append((f"{name}", dict(hc=name)))
+            if connections.takes_option(name, "hc_pre"):
+                out.append((f"{name} delayed", dict(hc=name, hc_pre="delayed")))
     out.append(("kromhc learned head", dict(hc="kromhc", hc_reduce="learned")))
     return out
 
 
 def liger_workloads():
     from nanochat import connections
-    return [(name, dict(hc=name)) for name in connections.VARIANTS if connections.hc_family(name)]
+    return [(name, dict(hc=name)) for name in connections.VARIANTS if connections.runs_on(name, "liger")]
 
 
 def _config(kernels, fields, n_layer):

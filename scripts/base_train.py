@@ -36,7 +36,7 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat import preempt, preflight, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
-from nanochat.connections import HC_OPTIONS, fused, liger  # noqa: E402
+from nanochat.connections import HC_OPTIONS, fused, liger, liveness  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model, compiled  # noqa: E402
@@ -162,19 +162,20 @@ def connection_grad_norm(norms):
     return math.sqrt(sum(float(v) ** 2 for v in parts)) if parts else None
 
 
-def dead_connections(hc_grad_norm, variant, step):
-    """The one warning line when every connection parameter got an exactly zero gradient
-    (hc_grad_norm 0.0; None: the wiring has no parameter), else None. Such a run's loss still
+def dead_connections(hc_grad_norm, total_norm, variant, step):
+    """The one warning line when no connection parameter got a gradient above rounding
+    (connections/liveness.py: hc_grad_norm within 64 fp32 roundoffs of the model's total
+    gradient norm; None: the wiring has no parameter), else None. Such a run's loss still
     falls, as the embedding and the head learn, but the wiring never moves. The loop asks it of
     the first gradient after an optimizer step (step 1 of a fresh run): in step 0 nanochat's
     zero output projections leave most wirings without a gradient (no branch output yet, and a
     multiple of x0 that the final norm does not see), which the first update ends."""
-    if hc_grad_norm != 0.0:
+    if not liveness.model_is_dead(hc_grad_norm, total_norm):
         return None
-    return (f"warning: every connection parameter of hc={variant!r} got an exactly zero gradient in step {step}: "
-            "this wiring cannot learn from its start (e.g. zero scales in front of nanochat's zero output "
-            "projections); a wiring gives its sub-layers a start of their own through init_sublayers "
-            "(docs/connections.md, 'Adding a wiring')")
+    return (f"warning: every connection parameter of hc={variant!r} got no gradient above rounding in step {step} "
+            f"(norm {hc_grad_norm:.1e} against the model's {total_norm:.1e}): this wiring cannot learn from its "
+            "start (e.g. zero scales in front of nanochat's zero output projections); a wiring gives its "
+            "sub-layers a start of their own through init_sublayers (docs/connections.md, 'Adding a wiring')")
 
 
 def clean_metrics_log(path, resume_step):
@@ -651,7 +652,8 @@ def main(argv=None):
                 hc_grad_norm=hc_grad_norm, tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
-        warning = dead_connections(hc_grad_norm, config.hc, step) if step == max(start_step, 1) else None
+        warning = (dead_connections(hc_grad_norm, float(norms["total"]), config.hc, step)
+                   if step == max(start_step, 1) else None)
         if warning:
             print0(warning)
         step += 1

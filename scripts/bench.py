@@ -20,8 +20,9 @@ Backends: --hc-kernels torch,liger benches every HC variant once per stream-op b
 kernels, CUDA only); `x torch` is each row's time over the same variant's torch row.
 --hc-pre current,delayed does the same for DeepSeek-V4.1's delayed pre-weights (the layer
 benchmark then hands the layer the pre-weights a previous layer would carry in).
-Variants outside the HC family (residual, frac, attnres, ...) have neither Liger kernels
-nor the HC options and run on torch only; the single-state ones have no --recompute option.
+Each variant runs the backends, pre-weights and --recompute settings its SPEC declares
+(`backends`, `options`) and skips the others, one line each: the wirings whose layers are not
+hc.HyperConnection have no Liger or fused kernels, and only some take recompute.
 
 Compiled (--compile), each row also counts the kernels Inductor generated for its forward
 and backward (torch._inductor.metrics.generated_kernel_count over the first step): what the
@@ -191,7 +192,22 @@ def model_width(args):
     return math.ceil(args.depth * args.aspect_ratio / args.head_dim) * args.head_dim
 
 
-hc_family = connections.hc_family  # the variants Liger's kernels and the HC options apply to
+def declared_settings(variant, recomputes, backends, pres):
+    """(recompute settings, backends, pre-weights) of the asked ones that the variant takes
+    (SPEC options and backends); one line naming what it skips, if anything. Without any
+    asked backend it runs on torch, without any asked setting it runs without it."""
+    spec = connections.spec(variant)
+    takes = dict(recompute=[r for r in recomputes if not r or "hc_recompute" in spec.options],
+                 backends=[k for k in backends if spec.takes(k)],
+                 pres=[p for p in pres if p == "current" or "hc_pre" in spec.options])
+    asked = dict(recompute=recomputes, backends=backends, pres=pres)
+    flags = dict(recompute="--recompute on", backends="--hc-kernels", pres="--hc-pre")
+    skipped = [flags[what] + ("" if what == "recompute" else " " + ",".join(v for v in asked[what]
+                                                                          if v not in takes[what]))
+               for what in asked if len(takes[what]) < len(asked[what])]
+    if skipped:
+        print(f"bench: {variant} skips {'; '.join(skipped)} (not in its SPEC options / backends)", flush=True)
+    return takes["recompute"] or [False], takes["backends"] or ["torch"], takes["pres"] or ["current"]
 
 
 def has_streams(variant):
@@ -389,10 +405,8 @@ def run_bench(args, bench, device, dtype, autocast):
     settings = [False, True] if args.recompute == "both" else [args.recompute == "on"]
     cases = {}
     for variant in args.variants:
-        family = hc_family(variant)
-        for recompute, kernels, pre in itertools.product(settings if has_streams(variant) else [False],
-                                                         args.hc_kernels if family else ["torch"],
-                                                         args.hc_pre if family else ["current"]):
+        recomputes, backends, pres = declared_settings(variant, settings, args.hc_kernels, args.hc_pre)
+        for recompute, kernels, pre in itertools.product(recomputes, backends, pres):
             label = (variant + (" +recompute" if recompute else "") + (" +delayed pre" if pre == "delayed" else "")
                      + (f" [{kernels}]" if kernels != "torch" else "")
                      + (f" (layer {connections.spec(variant).bench_layer})"

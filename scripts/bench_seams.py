@@ -231,10 +231,10 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     from nanochat import connections
-    unknown = [v for v in args.variants if v not in connections.VARIANTS or not connections.hc_family(v)]
+    unknown = [v for v in args.variants if v not in connections.VARIANTS or not connections.runs_on(v, "fused")]
     if unknown:
         parser.error(f"--variants: {', '.join(unknown)} has no fused seams; choose among "
-                     + " ".join(v for v in connections.VARIANTS if connections.hc_family(v)))
+                     + " ".join(v for v in connections.VARIANTS if connections.runs_on(v, "fused")))
     os.makedirs(args.out, exist_ok=True)
     cuda = torch.cuda.is_available()
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":

@@ -26,13 +26,23 @@ def interpreter_on():
 
 
 def cases(args):
-    """(variant, backend) pairs: the residual baseline, then each HC-family variant of
-    --variants on each backend of --hc-kernels (default all three)."""
+    """(variant, backend) pairs: the residual baseline, then each variant of --variants on
+    each backend of --hc-kernels (default all three) that it runs on (SPEC backends) and with
+    the pre-weights of --hc-pre where it takes them; a variant without stream kernels is
+    counted on torch, one line saying what was left out."""
     backends = [k for k in args.hc_kernels if k in BACKENDS] if args.hc_kernels != ["torch"] else list(BACKENDS)
     out = [("residual", "torch")]
     for variant in args.variants:
-        if connections.hc_family(variant):
-            out += [(variant, k) for k in backends]
+        if variant == "residual" or not connections.spec(variant).streams:
+            continue
+        takes = [k for k in backends if connections.runs_on(variant, k)]
+        if args.hc_pre[0] != "current" and not connections.takes_option(variant, "hc_pre"):
+            print(f"skipped {variant}: it does not take hc_pre={args.hc_pre[0]!r} (SPEC options)", flush=True)
+            continue
+        if len(takes) < len(backends):
+            print(f"skipped {variant} on {', '.join(k for k in backends if k not in takes)}: it runs on "
+                  f"{', '.join(connections.spec(variant).backends)} (SPEC backends)", flush=True)
+        out += [(variant, k) for k in takes]
     return out
 
 

@@ -65,7 +65,7 @@ from contextlib import nullcontext
 
 import torch
 
-from nanochat import gpt
+from nanochat import connections, gpt
 from nanochat.cli import positive_int, run
 from nanochat.common import get_peak_flops, single_gpu_device, synchronize, text_table
 from scripts import bench, bench_infer, bench_profile
@@ -380,10 +380,11 @@ PAPER_PAIR = ("kromhc", "mhc")
 
 def stream_plan(variants, backends):
     """[(variant, [backends to try, in order])] of the whole-model cases: one entry per
-    (KromHC or mHC, backend), then one per other variant but residual with its fallbacks."""
+    (KromHC or mHC, backend), then one per other variant but residual with the backends it
+    declares (SPEC backends) as its fallbacks."""
     order = [b for b in STREAM_ORDER if b in backends]
     plan = [(v, [b]) for b in order for v in PAPER_PAIR if v in variants]
-    return plan + [(v, order if bench.has_streams(v) else ["torch"]) for v in variants
+    return plan + [(v, [b for b in order if connections.runs_on(v, b)] or ["torch"]) for v in variants
                    if v not in (*PAPER_PAIR, "residual")]
 
 
@@ -464,7 +465,7 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
         yield out
     base = None
     _free_memory(device)
-    hc_variants = [v for v in variants if bench.hc_family(v)]
+    hc_variants = [v for v in variants if any(connections.runs_on(v, k) for k in backends)]
     layer = out["layer"]
     if hc_variants and budget.allows("kernels layer", "layer", len(backends) * len(hc_variants)):
         argv = ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),

@@ -45,9 +45,9 @@ PAPER_WIDTHS = {6: 384, 12: 768}  # model_dim of the paper's D = 6 and D = 12 (h
 
 
 def family_variants():
-    """The HC family's variants in registry order (connections.hc_family): the rows of the
-    paper's ΔParams column, the options table and the params-vs-n figure."""
-    return [name for name in connections.VARIANTS if connections.hc_family(name)]
+    """The HC family's members in registry order (SPEC family "hc"): the rows of the paper's
+    ΔParams column, the options table and the params-vs-n figure."""
+    return list(connections.specs(family="hc"))
 
 
 def connection_params(variant, depth, C, **fields):
@@ -98,12 +98,15 @@ def options_table():
     C = PAPER_WIDTHS[depth]
     options = (("the paper", {}), ("+ LSS", dict(hc_expand="lss")), ("+ learned head", dict(hc_reduce="learned")),
                ("delayed pre", dict(hc_pre="delayed")))
-    rows = [[connections.label(v), *(f"{connection_params(v, depth, C, hc_streams=n, **o):,}" for _, o in options)]
+    rows = [[connections.label(v), *(f"{connection_params(v, depth, C, hc_streams=n, **o):,}"
+                                     if all(connections.takes_option(v, field) for field in o) else "-"
+                                     for _, o in options)]
             for v in family_variants()]
     return (f"Options beyond the paper (D = {depth}, C = {C}, n = {n}): connection parameters of the model.\n"
             f"LSS adds n*C = {trunk_params(n, C, expand='lss'):,} (one (n, C) scale at expansion); the learned head "
             f"n*n*C + n + 1 = {trunk_params(n, C, reduce='learned'):,};\ndelayed pre-weights add none (each layer's "
-            f"pre columns serve the next layer; the last layer's fold the final state).\n\n"
+            f"pre columns serve the next layer; the last layer's fold the final state); - : an option the\n"
+            f"variant does not take (SPEC options).\n\n"
             + text_table(["variant", *(name for name, _ in options)], rows))
 
 
@@ -114,7 +117,7 @@ def beyond_table():
              *(f"{model_hc_params('go_mhc', n, PAPER_WIDTHS[d], d, s=s):,}" for d in paper.PAPER_DEPTHS)]
             for s in (1, 2, 3)]
     for variant, spec in connections.specs(in_paper=False).items():
-        if connections.hc_family(variant):
+        if spec.family == "hc":
             continue
         streams = dict(hc_streams=n) if spec.streams else {}
         rows.append([connections.label(variant) + (f" ({spec.stream_symbol} = {n})" if spec.streams else ""),
@@ -245,11 +248,30 @@ def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYO
                          rows))
 
 
+def dead_table(depth=12, n=paper.PAPER_STREAMS):
+    """The connection parameters each wiring's math leaves without a gradient at its defaults
+    (SPEC dead), with the reason: named, not counted as learning (connections/liveness.py)."""
+    from nanochat.gpt import GPTConfig
+    rows = []
+    for variant, spec in connections.specs().items():
+        config = GPTConfig(n_layer=depth, n_embd=PAPER_WIDTHS[depth], n_head=1, n_kv_head=1, hc=variant,
+                           hc_streams=n if spec.streams else 0)
+        by_reason = {}
+        for name, reason in spec.dead_parameters(config).items():
+            by_reason.setdefault(reason, []).append(name)
+        rows += [[spec.label, ", ".join(names), reason] for reason, names in by_reason.items()]
+    return (f"Dead by construction (D = {depth}, n = {n}, each wiring's defaults): connection parameters whose "
+            "gradient is rounding\n"
+            "alone, declared by the wiring (SPEC dead); the gradient checks require them dead and every other one "
+            "live.\n\n" + text_table(["variant", "parameters", "why"], rows))
+
+
 def print_params(args):
     print(model_size_table(), end="\n\n")
     print(main_table(), end="\n\n")
     print(flop_convention_table(), end="\n\n")
     print(options_table(), end="\n\n")
+    print(dead_table(), end="\n\n")
     print(beyond_table(), end="\n\n")
     print(scaling_table(), end="\n\n")
     print(params_vs_n_table())
@@ -385,8 +407,9 @@ def report_checkpoint(args):
     print(f"\nstream collapse at each layer's input and at the final state (means over {stats['tokens']} tokens; "
           "nanochat/connections/collapse.py):")
     print(collapse_table(stats))
-    print("eff. streams: participation ratio of the streams' energies, in [1, n]; dominant: the largest share and "
-          "its stream;\ncosine: between two streams; reads/writes: effective number of streams in H_pre / H_post; "
+    print("eff. streams: distinct directions the streams span, in [1, n] (participation ratio of the singular values "
+          "squared;\ncopies count once); dominant: the largest energy share and its stream; cosine: between two "
+          "streams;\nreads/writes: effective number of coefficients in H_pre / H_post; "
           "off-diag: 1 - tr(H_res)/n;\nto perm.: 1 - the best permutation's mean entry (0: H_res is a permutation); "
           "logit range: max - min of the res logits.")
     print(f"\nwrote {path}")

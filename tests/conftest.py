@@ -27,6 +27,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="nanochat_hf_home_")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
+# The test suite's own wiring, Static HC (tests/wirings/static_hc.py: docs/connections.md's
+# second worked example), registered from outside the package as a user's would be, before
+# nanochat.connections is first imported: every shared check that iterates over the registry
+# runs on it too, in this process and in the commands the tests start.
+os.environ["NANOCHAT_WIRINGS"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wirings", "static_hc.py")
+
 import pytest  # noqa: E402
 
 from nanochat.data.local import build_offline_corpus, write_corpus  # noqa: E402

@@ -39,9 +39,55 @@ def test_copies_have_cosine_one_and_a_two_stream_split_is_its_participation_rati
     x = torch.randn(7, 16)
     copies = x[:, None, :].expand(7, 3, 16)
     assert state_measures(gram(copies))["stream_cosine"] == pytest.approx(1)
-    # energies 1 : 3 -> shares 1/4, 3/4 -> participation ratio 1 / (1/16 + 9/16) = 1.6
-    X = torch.stack([x, math.sqrt(3) * torch.roll(x, 1, dims=-1)], dim=-2)
+    # orthogonal streams, energies 1 : 3 -> shares 1/4, 3/4 -> participation ratio 1 / (1/16 + 9/16) = 1.6
+    X = torch.stack([torch.eye(16)[0], math.sqrt(3) * torch.eye(16)[1]]).expand(7, 2, 16)
     assert state_measures(gram(X))["effective_streams"] == pytest.approx(1.6)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_copies_and_scaled_copies_are_one_effective_stream(n):
+    """Streams that all point one way span one direction, however many and however scaled
+    (a negative scale spans the same line)."""
+    x = torch.randn(5, 1, 32)
+    assert state_measures(gram(x.expand(5, n, 32)))["effective_streams"] == pytest.approx(1)
+    scales = torch.linspace(-2, 3, n).reshape(1, n, 1)
+    assert state_measures(gram(scales * x))["effective_streams"] == pytest.approx(1)
+
+
+def test_copies_that_differ_by_bf16_rounding_read_one_effective_stream():
+    """Copies that went through different bf16 roundings are one stream at the reports' two
+    decimals: the measure is second order in the difference (collapse.spectral_participation)."""
+    x = torch.randn(64, 1, 768)
+    X = torch.cat([(x * (1 + 1e-3 * s)).bfloat16().float() for s in range(4)], dim=1).double()
+    assert not torch.equal(X[:, 0], X[:, 1])
+    assert state_measures(gram(X))["effective_streams"] == pytest.approx(1, abs=1e-4)
+
+
+def test_groups_of_copies_count_as_their_number_of_directions():
+    a, b, c = torch.eye(24)[:3]
+    two_groups = torch.stack([a, a, b, b]).expand(3, 4, 24)
+    assert state_measures(gram(two_groups))["effective_streams"] == pytest.approx(2)
+    # random directions in 256 dimensions are nearly orthogonal: about 2
+    u, v = torch.randn(2, 10, 1, 256).unbind(0)
+    assert state_measures(gram(torch.cat([u, u, v, v], dim=1)))["effective_streams"] == pytest.approx(2, abs=0.2)
+    # one direction twice and two more once: eigenvalues 2, 1, 1 -> (4)^2 / (4 + 1 + 1) = 8/3, between 1 and 4
+    mixture = torch.stack([a, a, b, c]).expand(3, 4, 24)
+    assert state_measures(gram(mixture))["effective_streams"] == pytest.approx(8 / 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 6), rank=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_effective_streams_is_the_participation_ratio_of_the_singular_values(n, rank, seed):
+    """Against the squared singular values of each token's n x C stream matrix, and within
+    [1, the rank the streams span]."""
+    g = torch.Generator().manual_seed(seed)
+    rank = min(rank, n)
+    X = torch.randn(4, n, rank, generator=g, dtype=torch.float64) @ torch.randn(4, rank, 12, generator=g,
+                                                                                 dtype=torch.float64)
+    lam = torch.linalg.svdvals(X).square()
+    expected = (lam.sum(-1).square() / lam.square().sum(-1)).mean().item()
+    measured = state_measures(gram(X))["effective_streams"]
+    assert measured == pytest.approx(expected) and 1 - 1e-9 <= measured <= rank + 1e-9
 
 
 def test_a_permutation_is_at_distance_zero_and_a_derangement_has_offdiagonal_mass_one():
@@ -84,7 +130,8 @@ def test_model_stats_hold_the_collapse_measures_per_layer_and_final(variant):
         assert 1 - 1e-9 <= layer["effective_streams"] <= 4 + 1e-9
         assert layer["perm_distance"] is not None and layer["read_effective"] > 1
     assert all(f"{key}_mean" in stats for key in COLLAPSE_SUMMARY)
-    # at init every stream is a copy of the embedding and H_res is (close to) the identity
+    # at init every stream is a copy of the embedding (one direction) and H_res is (close to) the identity
     assert stats["final"]["stream_cosine"] == pytest.approx(1, abs=1e-6)
-    assert stats["offdiag_mass_mean"] < 2e-3 and stats["layers"][0]["effective_streams"] == pytest.approx(4)
+    assert stats["final"]["effective_streams"] == pytest.approx(1, abs=1e-6)
+    assert stats["offdiag_mass_mean"] < 2e-3 and stats["layers"][0]["effective_streams"] == pytest.approx(1)
     assert (stats["layers"][0]["res_logit_range"] is None) == (variant == "hc_identity")

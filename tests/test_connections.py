@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from nanochat import connections
 from nanochat.connections.birkhoff import kron_factors, sinkhorn_log
 
-# The HC family's variants whose math this file transcribes (reference_h_res): every one the
-# registry counts in the family (a new one fails here until its reference is written).
-HC_VARIANTS = tuple(name for name in connections.VARIANTS if connections.hc_family(name))
+# The variants whose layers are hc.HyperConnection (SPEC kernel), whose projection and H_res
+# this file transcribes (reference_h_res): a new one fails here until its reference is written.
+# A family member with layers of its own (tests/wirings/static_hc.py) is checked by the
+# H-convention tests below and the shared ones (test_variant_contract.py).
+HC_VARIANTS = tuple(name for name in connections.VARIANTS if connections.hyper_connection_layers(name))
 STREAMS = (2, 3, 4, 6, 8)
 MHC_LITE_MAX_TESTED = 5  # 6 works too (720 logits) but is slow to test
 # (variant, n, factors) for every layer kind under test; factors only for kromhc.

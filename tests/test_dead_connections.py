@@ -55,11 +55,15 @@ run(lambda: base_train.main(sys.argv[1:]))
 """
 
 
-def test_the_warning_is_for_an_exactly_zero_connection_gradient_only():
-    line = dead_connections(0.0, "rezero", 0)
+def test_the_warning_is_for_a_connection_gradient_at_rounding_only():
+    """Exactly zero, or rounding against the model's gradient (64 fp32 roundoffs of it:
+    connections/liveness.py), warns; a small real gradient does not."""
+    line = dead_connections(0.0, 1.0, "rezero", 0)
     assert line.startswith(WARNING) and "hc='rezero'" in line and "\n" not in line and "init_sublayers" in line
-    assert dead_connections(1e-30, "rezero", 0) is None
-    assert dead_connections(None, "prenorm", 0) is None  # no connection parameter at all
+    assert dead_connections(1e-9, 1.0, "rezero", 0) is not None  # noise: dead, which "> 0" called alive
+    assert dead_connections(1e-4, 1.0, "rezero", 0) is None
+    assert dead_connections(1e-9, 1e-6, "rezero", 0) is None  # small, but well above rounding of its scale
+    assert dead_connections(None, 1.0, "prenorm", 0) is None  # no connection parameter at all
 
 
 @pytest.mark.slow

@@ -141,8 +141,8 @@ def test_bad_flag_values_are_one_error_line(capsys, argv, message):
 @pytest.mark.parametrize("argv, message", [
     (["--hc", "kromhc", "--dwa-period", "2"], "dwa_period=2 only applies to hc='denseformer'"),
     (["--hc", "denseformer", "--hc-streams", "4"], "hc='denseformer' has one state"),
-    (["--hc", "denseformer", "--hc-expand", "lss"], "not hc='denseformer'"),
-    (["--hc", "denseformer", "--hc-recompute", "true"], "hc_recompute does not apply to hc='denseformer'"),
+    (["--hc", "denseformer", "--hc-expand", "lss"], "does not apply to hc='denseformer'"),
+    (["--hc", "denseformer", "--hc-recompute", "true"], "hc_recompute=True does not apply to hc='denseformer'"),
 ])
 def test_flags_that_do_not_apply_are_refused(argv, message):
     assert_refused(argv, message, VOCAB)

@@ -113,8 +113,8 @@ def test_one_graph_without_breaks(option):
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(hc="residual", hc_expand="lss"), "not hc='residual'"),
-    (dict(hc="residual", hc_pre="delayed"), "not hc='residual'"),
+    (dict(hc="residual", hc_expand="lss"), "does not apply to hc='residual'"),
+    (dict(hc="residual", hc_pre="delayed"), "does not apply to hc='residual'"),
     (dict(hc="mhc", hc_reduce="learned", hc_pre="delayed"), "choose one"),
     (dict(hc="mhc", hc_expand="scaled"), "unknown hc_expand='scaled'"),
 ])

@@ -15,6 +15,7 @@ from torch.func import functional_call
 
 from nanochat import checkpoint as ckpt
 from nanochat import connections
+from nanochat.connections import liveness
 from nanochat.connections.diagnostics import collect_hc_stats
 from nanochat.gpt import GPTConfig, KVCache, build_model
 from nanochat.optim import build_optimizer
@@ -71,11 +72,16 @@ def connection_gradients(model):
     return {name: p.grad for name, p in model.connections.named_parameters()}
 
 
-def assert_every_connection_parameter_gets_a_gradient(model, without=()):
+def assert_every_connection_parameter_gets_a_gradient(model):
+    """Every connection parameter's gradient is live (well above rounding: liveness.py) but
+    for the parts its wiring declares dead (SPEC dead), which must be dead: a gradient that is
+    rounding noise fails here as an absent one does, and so does a stale declaration."""
     grads = connection_gradients(model)
     assert grads, "no connection parameters"
-    for name, grad in grads.items():
-        assert (grad is not None and grad.abs().sum() > 0) == (name not in without), name
+    declared = connections.spec(model.config.hc).dead_parameters(model.config)
+    wrong = liveness.surprises(liveness.report(grads, declared))
+    assert not wrong, "\n".join(f"{r['name']} ({r['part']}): gradient norm {r['norm']:.2e} against "
+                                f"{liveness.threshold(r['scale']):.2e} to be live" for r in wrong)
 
 
 def moved(module, seed=0, scale=1.0):

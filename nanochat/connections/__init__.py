@@ -12,17 +12,19 @@ block outputs); it reaches `reduce` too. Called on its own, a layer runs one ste
 nothing carried in: `layer(X, branch, x0) -> X_next`.
 
 Adding a variant means adding a module to this package: every module here that declares
-`SPEC` registers itself under its file name (docs/connections.md, "Adding a wiring"). A
-variant module declares `SPEC` (spec.py: display name, source, state, parameter count,
-where tables list it, ...) and exposes `resolve(cfg)` (validate and fill its config fields in
-place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally `param_groups(layers,
-lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not the n streams of
-the HC family), `init_sublayers(cfg, sublayers)` (start values of its own for the
-sub-layers, set after the model's init), `OWN_STATE` (a few words naming that state: the HC
-options then do not apply to it), and `FIELDS` / `FIELD_HELP` / `FIELD_TYPES` (its own config fields, which
-become GPTConfig fields and base_train flags, and which every other variant refuses to see
-changed). Everything else (bench, plan, hc_report, the report, the model card, the tests'
-lists) reads the registry through `specs()`.
+`SPEC` registers itself under its file name (docs/connections.md, "Adding a wiring"); a file
+outside it registers through NANOCHAT_WIRINGS (below). A variant module declares `SPEC`
+(spec.py: display name, source, state, parameter count, where tables list it, and what it is:
+its family, its layers' kernel kind, the backends and stream options it takes, the
+parameters its math leaves dead) and exposes `resolve(cfg)` (validate and fill its config
+fields in place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally
+`param_groups(layers, lrs)`, `make_expand(cfg)` and `make_reduce(cfg)` (when its state is not
+n copies of x0 folded by the trunk's reduce), `init_sublayers(cfg, sublayers)` (start values
+of its own for the sub-layers, set after the model's init), and `FIELDS` / `FIELD_HELP` /
+`FIELD_TYPES` (its own config fields, which become GPTConfig fields and base_train flags, and
+which every other variant refuses to see changed). Everything else (bench, plan, hc_report,
+the report, the model card, the tests' lists) reads the registry through `specs()`: which
+backend or option a wiring takes comes from its declaration, never from its state.
 
 Optimizer groups: every connection parameter trains in AdamW at `hc_lr` (the paper's 0.005)
 in one group named "hc", unless the variant's module defines `param_groups(layers, lrs)`
@@ -31,10 +33,12 @@ in one group named "hc", unless the variant's module defines `param_groups(layer
 
 import copy
 import importlib
+import importlib.util
 import math
 import os
 import pkgutil
 import re
+import sys
 import types
 from contextlib import contextmanager
 
@@ -43,7 +47,7 @@ from torch import nn
 
 from nanochat.connections import fused, hc, ops, trunk
 from nanochat.connections.diagnostics import record_state
-from nanochat.connections.spec import SpecError, listed_order, spec_of
+from nanochat.connections.spec import OPTIONS, SpecError, listed_order, spec_of
 
 
 def discover():
@@ -61,7 +65,44 @@ def discover():
     else:
         modules = {name: value for name, value in globals().items() if isinstance(value, types.ModuleType)}
     wirings = {name: module for name, module in modules.items() if isinstance(getattr(module, "SPEC", None), dict)}
+    for name, module in external_wirings().items():
+        if name in wirings:
+            raise SpecError(f"{EXTERNAL}: {module.__file__} would register hc={name!r}, which the package "
+                            "already has; rename the file")
+        wirings[name] = module
     return dict(sorted(wirings.items(), key=lambda item: listed_order(*item)))
+
+
+# Wirings kept outside the package (an experiment's, or the test suite's: tests/wirings/): the
+# .py files this variable names, os.pathsep-separated, each registered under its file name.
+# Read once, when the package is imported, so that their FIELDS become GPTConfig fields like
+# the package's own; a subprocess inherits it.
+EXTERNAL = "NANOCHAT_WIRINGS"
+
+
+def external_wirings():
+    """{name: module} of the files NANOCHAT_WIRINGS names (see above); SpecError for a file
+    that is missing or declares no SPEC."""
+    found = {}
+    for path in filter(None, os.environ.get(EXTERNAL, "").split(os.pathsep)):
+        name = os.path.splitext(os.path.basename(path))[0]
+        if not path.endswith(".py") or not os.path.isfile(path):
+            raise SpecError(f"{EXTERNAL} names {path!r}, which is not a .py file; give the path of a wiring "
+                            "module (docs/connections.md, 'A wiring outside the package')")
+        module_spec = importlib.util.spec_from_file_location(f"nanochat_wirings.{name}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+        if not isinstance(getattr(module, "SPEC", None), dict):
+            raise SpecError(f"{EXTERNAL}: {path} defines no SPEC dict (docs/connections.md, 'Adding a wiring')")
+        found[name] = module
+    return found
+
+
+def in_package(name):
+    """Whether a wiring is one of the package's own (not registered from outside it: the test
+    suite's, an experiment's), which is what the project's configs, README and export cover."""
+    return getattr(VARIANTS.get(name), "__name__", "").startswith(f"{__name__}.")
 
 
 def _declares_spec(info):
@@ -93,10 +134,20 @@ def specs(**where):
     return {name: s for name, s in found.items() if all(getattr(s, k) == v for k, v in where.items())}
 
 
-def hc_family(name):
-    """Whether a variant keeps the HC family's n streams (SPEC state "streams", and its
-    module names no OWN_STATE): the HC options and Liger's kernels apply to it."""
-    return spec(name).streams and not hasattr(VARIANTS[name], "OWN_STATE")
+def runs_on(name, backend):
+    """Whether a wiring runs on --hc-kernels `backend` (its SPEC backends; "auto": always)."""
+    return spec(name).takes(backend)
+
+
+def takes_option(name, option):
+    """Whether a wiring takes the frame's stream option `option` (its SPEC options)."""
+    return option in spec(name).options
+
+
+def hyper_connection_layers(name):
+    """Whether a wiring's layers are hc.HyperConnection (SPEC kernel "hyper_connection"): the
+    family's projection checks, Liger's ops and the fused seams compute them."""
+    return spec(name).kernel == "hyper_connection"
 
 
 def label(name):
@@ -244,23 +295,37 @@ def resolve_fields(cfg):
 
 
 def resolve_options(cfg):
-    """The HC options: valid choices, only for variants with the HC family's streams, and
-    not in conflict."""
+    """The frame's stream options: valid choices, only for a wiring whose SPEC `options`
+    declares them, and not in conflict."""
     for name, choices in HC_OPTIONS.items():
         if getattr(cfg, name) not in choices:
             raise ValueError(f"unknown {name}={getattr(cfg, name)!r}; choose one of {', '.join(choices)}")
-    chosen = [f"{name}={getattr(cfg, name)!r}" for name, choices in HC_OPTIONS.items()
-              if getattr(cfg, name) != choices[0]]
-    own_state = getattr(VARIANTS[cfg.hc], "OWN_STATE", None)
-    if own_state and chosen:
-        raise ValueError(f"{', '.join(chosen)} applies to the hyper-connection variants' n streams, not "
-                         f"hc={cfg.hc!r} ({own_state}); drop it or pick a variant such as --hc kromhc")
+    declared = spec(cfg.hc)
+    refused = [f"{name}={getattr(cfg, name)!r}" for name, default in OPTIONS.items()
+               if getattr(cfg, name) != default and name not in declared.options]
+    if refused:
+        takes = (f"it takes {', '.join(declared.options)} only" if declared.options
+                 else "it takes none of the stream options")
+        raise ValueError(f"{', '.join(refused)} does not apply to hc={cfg.hc!r} ({takes}: SPEC options); drop it"
+                         + ("" if declared.options else " or pick a variant such as --hc kromhc"))
     if cfg.hc_reduce == "learned" and cfg.hc_pre == "delayed":
         raise ValueError("hc_reduce='learned' and hc_pre='delayed' both fold the final state: with delayed "
                          "pre-weights the last layer's pre-weights do it (DeepSeek-V4.1 has no separate head); "
                          "choose one")
     if not isinstance(cfg.hc_lss_init, (int, float)) or not math.isfinite(cfg.hc_lss_init):
         raise ValueError(f"hc_lss_init={cfg.hc_lss_init!r} must be a finite number (the source's: {trunk.LSS_INIT})")
+
+
+def resolve_backend(cfg):
+    """hc_kernels: a known backend, and one the wiring's SPEC `backends` declares ("auto"
+    always: it picks among them)."""
+    ops.resolve_kernels(cfg)
+    declared = spec(cfg.hc)
+    if not declared.takes(cfg.hc_kernels):
+        why = ("its layers are not the hc.HyperConnection that Liger's and the fused kernels compute; "
+               if declared.kernel != "hyper_connection" else "")
+        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} does not run hc={cfg.hc!r} ({why}SPEC backends: "
+                         f"{', '.join(declared.backends)}); use hc_kernels='torch' or 'auto'")
 
 
 def resolve_config(cfg):
@@ -270,7 +335,7 @@ def resolve_config(cfg):
     resolve_fields(cfg)
     VARIANTS[cfg.hc].resolve(cfg)
     resolve_options(cfg)
-    ops.resolve_kernels(cfg)
+    resolve_backend(cfg)
 
 
 def build(cfg):
@@ -279,10 +344,23 @@ def build(cfg):
     expand = getattr(variant, "make_expand", trunk.make_expand)(cfg)
     reduce = getattr(variant, "make_reduce", trunk.make_reduce)(cfg)
     init = getattr(variant, "init_sublayers", None)
-    kernels = cfg.hc_kernels if hc_family(cfg.hc) else "torch"
-    return StreamConnections(cfg.hc_streams, variant.make_layers(cfg), expand, reduce,
+    layers = variant.make_layers(cfg)
+    check_layers(cfg.hc, layers)
+    kernels = cfg.hc_kernels if hyper_connection_layers(cfg.hc) else "torch"
+    return StreamConnections(cfg.hc_streams, layers, expand, reduce,
                              getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
                              None if init is None else lambda sublayers: init(cfg, sublayers), kernels)
+
+
+def check_layers(name, layers):
+    """A wiring that declares kernel="hyper_connection" builds hc.HyperConnection layers: the
+    backends it declares then read their projection and H_res map. SpecError otherwise, at
+    build time, rather than an AttributeError inside a kernel."""
+    if hyper_connection_layers(name):
+        odd = sorted({type(layer).__name__ for layer in layers if not isinstance(layer, hc.HyperConnection)})
+        if odd:
+            raise SpecError(f"variant {name!r} declares kernel='hyper_connection' but builds {', '.join(odd)} "
+                            "layers, not hc.HyperConnection; declare kernel=None (and backends=('torch',))")
 
 
 def seed_free_init(cfg):

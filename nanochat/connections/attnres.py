@@ -50,8 +50,6 @@ from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import nonneg_int
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size
-# The state is block states, not the HC family's n streams: the HC options do not apply.
-OWN_STATE = "block states"
 # The variant's own config field and its default (0: about BLOCKS blocks); other variants
 # refuse another value.
 FIELDS = {"attnres_block_size": 0}
@@ -73,6 +71,9 @@ SPEC = dict(
     settings=lambda cfg: block_settings(cfg.attnres_block_size, 2 * cfg.n_layer),
     order=80,
     shared_fields=("hc_norm_weight",),
+    # the first module reads the embedding alone: a softmax over one source
+    dead=lambda cfg: dict.fromkeys(["layers.0.read.query"] + (["layers.0.read.gain"] if cfg.hc_norm_weight else []),
+                                   "the first sub-layer reads x0 alone: a softmax over one source"),
 )
 
 
@@ -164,8 +165,7 @@ class FinalRead(DepthRead):
 
 
 def resolve(cfg):
-    resolve_one_state(cfg, "has no streams (it reads block states)", "; --attnres-block-size sets its blocks",
-                      ": its reads keep no activations beyond the block states themselves")
+    resolve_one_state(cfg, "has no streams (it reads block states)", "; --attnres-block-size sets its blocks")
     S = cfg.attnres_block_size
     if isinstance(S, bool) or not isinstance(S, int) or S < 0:
         raise ValueError(f"attnres_block_size={S!r} must be a whole number of modules >= 1 (1: Full Attention "

@@ -41,7 +41,7 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.hc import FAMILY_FIELDS, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.hc import LAYER_SPEC, HyperConnection, exact_rows_dead, layer_options, resolve_streams
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
@@ -58,18 +58,17 @@ def layer_params(n, C, norm_weight=True):
 
 
 SPEC = dict(
+    LAYER_SPEC,
     label="C-mHC",
     description="H_res a leaky convex combination of the n cyclic shifts, exactly doubly stochastic from one softmax",
     source="S. Zwick, Circulant Hyper-Connections (2026 manuscript and code, GitHub user contactsebi)",
-    state="streams",
-    has_h_res=True,
     in_paper=False,
     equals_prenorm_at_init=False,
     params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
-    shared_fields=FAMILY_FIELDS,
     order=150,
+    dead=exact_rows_dead,  # H_res rows sum to one exactly (hc.dead_parameters)
 )
 
 

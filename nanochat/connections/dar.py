@@ -64,7 +64,6 @@ from nanochat.connections.ops import coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice
 
-OWN_STATE = "one stream and the earlier outputs it reads"  # not the HC family's n streams
 SOURCES = ("full", "block", "block_partial")
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
 GATE_LOGIT_INIT = -2.0  # the release's sigmoid gates: sigmoid(-2) = 0.12 at init
@@ -82,6 +81,20 @@ def gate_params(gate, C):
     return {"zero": 1, "none": 0, "sigmoid_scalar": 1, "sigmoid_vector": C * C + C}[gate]
 
 
+def dead_parameters(cfg):
+    """SPEC dead: the first sub-layer reads no source (x0 itself), so its read and gate get no
+    gradient; with the block sources neither does the first block MLP's read (a softmax over
+    x0 alone). Kept because the release has them and the paper counts them."""
+    def read(j):
+        return [f"layers.{j}.read.query"] + ([f"layers.{j}.read.gain"] if cfg.hc_norm_weight else [])
+    gate = {"none": [], "sigmoid_vector": ["layers.0.gate.weight", "layers.0.gate.bias"]}.get(cfg.dar_gate,
+                                                                                            ["layers.0.gate.logit"])
+    dead = dict.fromkeys(read(0) + gate, "the first sub-layer reads no source but x0: its read and gate are unused")
+    if cfg.dar_source == "block":
+        dead.update(dict.fromkeys(read(1), "the first block's MLP reads x0 alone: a softmax over one source"))
+    return dead
+
+
 SPEC = dict(
     label="Delta AttnRes",
     description="attention residuals added to the residual stream: each sub-layer reads h plus a gated softmax mix "
@@ -97,6 +110,7 @@ SPEC = dict(
     settings=lambda cfg: f"{cfg.dar_source} sources, {cfg.dar_gate} gate",
     order=140,
     shared_fields=("hc_norm_weight",),
+    dead=dead_parameters,
 )
 
 
@@ -181,8 +195,7 @@ class DeltaLayer(ConnectionLayer):
 
 
 def resolve(cfg):
-    resolve_one_state(cfg, "has one stream", hint="; --dar-source and --dar-gate set its form",
-                      recompute_note=" (its reads keep nothing to recompute)")
+    resolve_one_state(cfg, "has one stream", hint="; --dar-source and --dar-gate set its form")
     if cfg.dar_source not in SOURCES:
         raise ValueError(f"unknown dar_source={cfg.dar_source!r}; choose one of {', '.join(SOURCES)}")
     if cfg.dar_gate not in GATES:

@@ -39,8 +39,6 @@ FIELD_HELP = {"dwa_dilation": "denseformer: dilation k, each average reads the n
                               "one before it (1: all of them)",
               "dwa_period": "denseformer: period p, an average after every p-th block only (1: after every block)"}
 FIELD_TYPES = {"dwa_dilation": positive_int(), "dwa_period": positive_int()}
-# The state is one stream and the block outputs so far: the HC options do not apply.
-OWN_STATE = "one state and the block outputs so far"
 
 
 def averaged_sources(block, dilation, period):
@@ -85,8 +83,7 @@ class DWALayer(BlockLevelLayer):
 
 
 def resolve(cfg):
-    resolve_one_state(cfg, "has one state (it averages block outputs)", "; --dwa-dilation and --dwa-period shape it",
-                      ": an average keeps nothing beyond the block outputs themselves")
+    resolve_one_state(cfg, "has one state (it averages block outputs)", "; --dwa-dilation and --dwa-period shape it")
     for name in FIELDS:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -47,9 +47,6 @@ from nanochat.connections.ops import no_autocast, stream_sum
 from nanochat.connections.trunk import ConnectionLayer, Parameterless
 
 SCALE_INIT = 0.01  # s_alpha and s_beta (Alg. 2)
-# The state is m fractions of the hidden state, not the HC family's n streams: the HC
-# options (hc_expand, hc_reduce, hc_pre) do not apply.
-OWN_STATE = "m fractions of the hidden state"
 SPEC = dict(
     label="Frac-Connections",
     description="the hidden state split into m fractions (--hc-streams m), mixed by dynamic per-fraction weights",
@@ -62,6 +59,9 @@ SPEC = dict(
     stream_symbol="m",
     order=70,
     shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
+    # m fractions of one state, not n copies: the expand/reduce/pre options and the HC
+    # kernels (made for n copies with per-stream weights) do not apply; recompute does
+    options=("hc_recompute",),
 )
 
 
@@ -142,9 +142,6 @@ def resolve(cfg):
         valid = ", ".join(str(k) for k in range(2, min(C, 16) + 1) if C % k == 0)
         raise ValueError(f"hc='frac' splits the hidden state (C={C}) into hc_streams={m} equal fractions, and {m} "
                          f"does not divide {C}; choose hc_streams among {valid}")
-    if cfg.hc_kernels in ("liger", "fused"):
-        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc='frac' (they are made for n copies "
-                         "of the hidden state); use hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

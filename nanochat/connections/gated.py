@@ -40,8 +40,6 @@ from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, no_au
 from nanochat.connections.trunk import ConnectionLayer
 from nanochat.flags import nonneg_int
 
-# The gates read and write the streams themselves: the HC options (expand, reduce, pre) do not apply.
-OWN_STATE = "n streams with gated reads and a mixer"
 RANK_DIVISOR = 8  # the release: rank 320 at C = 2560
 FIELDS = {"gated_rank": 0}
 FIELD_HELP = {"gated_rank": "gated: rank r of the read gate's bottleneck, >= 1 (0: n_embd / 8, the release's ratio)"}
@@ -71,7 +69,9 @@ SPEC = dict(
     baseline="prenorm",
     settings=lambda cfg: f"rank {cfg.gated_rank}",
     order=160,
-    shared_fields=("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels"),
+    shared_fields=("hc_streams", "hc_norm_weight"),
+    # The gates read and write the streams themselves (nC per-channel gates, not the HC
+    # projection's k numbers): no stream option and no HC kernel applies
 )
 
 
@@ -161,12 +161,6 @@ def resolve(cfg):
         raise ValueError(f"gated_rank={r!r} must be a whole number >= 1, or 0 for n_embd / {RANK_DIVISOR}")
     if r == 0:
         cfg.gated_rank = default_rank(cfg.n_embd)
-    if cfg.hc_recompute:
-        raise ValueError("hc_recompute does not apply to hc='gated' (its gates are not the HC projection); drop it")
-    if cfg.hc_kernels in ("liger", "fused"):
-        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc='gated' (they are made for the HC "
-                         "projection's k numbers per token; gated reads with nC per-channel gates); use "
-                         "hc_kernels='torch' or 'auto'")
 
 
 def make_layers(cfg):

@@ -66,10 +66,55 @@ OFF_IDENTITY_BIAS = -8.0
 # its norm weight, recompute and kernels, the HC options).
 FAMILY_FIELDS = ("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels", "hc_expand", "hc_lss_init", "hc_reduce",
                  "hc_pre")
-# What every variant built on HyperConnection declares alike (spec.py): the n streams, an
-# H_res, and the family's parameter and stream-pass counts (diagnostics.py).
-FAMILY_SPEC = dict(state="streams", has_h_res=True, equals_prenorm_at_init=False, params=config_params,
-                   stream_flops=config_stream_flops, shared_fields=FAMILY_FIELDS)
+
+
+def dead_parameters(cfg, rows_sum_to_one=False):
+    """The parameters the math leaves without a gradient (SPEC dead). Under copy expansion
+    every stream of layer 0's input is x0, so its read H_pre X = (sum_s h_pre_s) x0 is a
+    multiple of x0 that the sub-layer's RMSNorm undoes: the pre columns of W, b_pre and a_pre
+    of layer 0 reach the loss through the norm's epsilon alone (fp32 gradients ~1e-10 where
+    the layer's others are ~1e-3). Where every H_res row sums to one exactly
+    (`rows_sum_to_one`: the permutation mixtures, the orthostochastic map), H_res maps n
+    copies to the same n copies whatever its entries, and layer 0's res columns, b_res and
+    a_res are dead too (mHC's Sinkhorn rows are 1 only to its tolerance: a small, real
+    gradient). With delayed pre-weights layer 0 reads stream 0 and its pre columns serve
+    layer 1; under LSS the streams differ from the start: nothing is dead then."""
+    if cfg.hc_expand != "copy" or cfg.hc_pre != "current":
+        return {}
+    n = cfg.hc_streams
+    pre = "layer 0 reads n copies of x0: H_pre only scales x0, which the sub-layer's RMSNorm undoes"
+    dead = {f"layers.0.weight[:, 0:{n}]": pre, f"layers.0.bias[0:{n}]": pre, "layers.0.alpha[0:1]": pre}
+    if rows_sum_to_one:
+        res = "layer 0 mixes n copies of x0 by rows that sum to one: H_res leaves the copies as they are"
+        layer = connection_layer(cfg)
+        k, groups = layer.weight.shape[1], len(layer.res_groups)
+        if k > 2 * n:
+            dead.update({f"layers.0.weight[:, {2 * n}:{k}]": res, f"layers.0.bias[{2 * n}:{k}]": res,
+                         f"layers.0.alpha[2:{2 + groups}]": res})
+    return dead
+
+
+def connection_layer(cfg):
+    """Layer 0 of a resolved config's wiring, built on the meta device (its shapes only)."""
+    from nanochat.connections import VARIANTS
+    with torch.device("meta"):
+        return VARIANTS[cfg.hc].make_layers(cfg)[0]
+
+
+def exact_rows_dead(cfg):
+    """dead_parameters for a variant whose H_res rows sum to one exactly."""
+    return dead_parameters(cfg, rows_sum_to_one=True)
+
+
+# What every wiring whose layers are HyperConnections declares (spec.py): a member of the HC
+# family on n streams with an H_res, on every backend and stream option, dead where the math
+# says (dead_parameters).
+LAYER_SPEC = dict(state="streams", has_h_res=True, family="hc", kernel="hyper_connection",
+                  backends=("torch", "liger", "fused"), options=("hc_expand", "hc_reduce", "hc_pre", "hc_recompute"),
+                  dead=dead_parameters, shared_fields=FAMILY_FIELDS)
+# ... and what the variants that keep the family's init and counts share besides: the
+# parameter and stream-pass counts (diagnostics.py).
+FAMILY_SPEC = dict(LAYER_SPEC, equals_prenorm_at_init=False, params=config_params, stream_flops=config_stream_flops)
 
 SPEC = dict(
     FAMILY_SPEC,

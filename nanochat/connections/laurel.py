@@ -34,7 +34,6 @@ from nanochat.connections.ops import coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice, positive_int
 
-OWN_STATE = prenorm.OWN_STATE
 FORMS = ("rw", "lr", "rw_lr")
 FIELDS = {"laurel_form": "rw_lr", "laurel_rank": 16}
 FIELD_HELP = {

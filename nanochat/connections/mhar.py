@@ -32,7 +32,6 @@ from nanochat.connections.ops import no_autocast
 from nanochat.connections.trunk import resolve_one_state
 from nanochat.flags import nonneg_int
 
-OWN_STATE = "every earlier sub-layer output"  # not the HC family's n streams
 FIELDS = {"mhar_heads": 0}
 FIELD_HELP = {"mhar_heads": "mhar: heads H of each depth read, dividing n_embd (0: n_kv_head, the paper's "
                             "recommendation; 1: attnres with block size 1)"}
@@ -52,6 +51,9 @@ SPEC = dict(
     settings=lambda cfg: f"{cfg.mhar_heads} heads",
     order=130,
     shared_fields=("hc_norm_weight",),
+    # the first module reads x0 alone: a softmax over one logit
+    dead=lambda cfg: dict.fromkeys(["layers.0.read.query"] + (["layers.0.read.gain"] if cfg.hc_norm_weight else []),
+                                   "the first sub-layer reads x0 alone: a softmax over one source"),
 )
 
 
@@ -91,8 +93,7 @@ class FinalRead(attnres.FinalRead, MultiHeadRead):
 
 
 def resolve(cfg):
-    resolve_one_state(cfg, "reads earlier sub-layer outputs, it has no streams", hint="; --mhar-heads sets its heads",
-                      recompute_note=" (its reads keep nothing to recompute)")
+    resolve_one_state(cfg, "reads earlier sub-layer outputs, it has no streams", hint="; --mhar-heads sets its heads")
     H = cfg.mhar_heads
     if isinstance(H, bool) or not isinstance(H, int) or H < 0:
         raise ValueError(f"mhar_heads={H!r} must be a whole number of heads dividing n_embd, or 0 for n_kv_head")

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, layer_options,
-                                     resolve_streams)
+from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, exact_rows_dead,
+                                     layer_options, resolve_streams)
 from nanochat.connections.res_maps import PermutationMixture
 
 MAX_STREAMS = 6
@@ -21,6 +21,7 @@ SPEC = dict(
     source="arXiv 2601.05732",
     in_paper=True,
     order=40,
+    dead=exact_rows_dead,  # H_res rows sum to one exactly (hc.dead_parameters)
 )
 
 

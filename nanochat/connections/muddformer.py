@@ -57,8 +57,6 @@ FIELDS = {"mudd_prepost_norm": False}
 FIELD_HELP = {"mudd_prepost_norm": "muddformer: PrePostDANorm, stored outputs RMS-normed with learned scales and each "
                                    "state the newest output plus its mix (the R mix post-normed, scale 1e-3); the "
                                    "form the reference's 24-layer run needed"}
-# One state, with the Q, K, V states and the block outputs carried: the HC options do not apply.
-OWN_STATE = "one state, the block outputs so far and the query, key and value states"
 
 
 def hidden_size(ways, sources, last):

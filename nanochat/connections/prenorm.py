@@ -10,7 +10,6 @@ trunk's sum (a squeeze). No parameters.
 
 from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 
-OWN_STATE = "a single stream"  # not the HC family's n streams: the HC options do not apply
 SPEC = dict(
     label="Pre-norm",
     description="the plain pre-norm residual x = x + F(norm(x)), without nanochat's scalars or x0 path",

@@ -18,7 +18,6 @@ from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.trunk import ConnectionLayer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
-OWN_STATE = "a single stream"  # not the HC family's n streams: the HC options do not apply
 SPEC = dict(
     label="Residual",
     description="one stream; before each block x = l_resid * x + l_x0 * x0, then x + F(x) per sub-layer",

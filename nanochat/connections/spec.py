@@ -41,6 +41,30 @@ and may add, with these defaults:
                             then by name; None: after every numbered one (the wirings so far
                             are numbered in tens, so a new one can sit between two)
 
+and declares what it is, so that nothing reads "has n streams" as "is a HyperConnection":
+
+    family=None             "hc": a member of the hyper-connection family (n streams under the
+                            H-convention, `layer.coefficients(X) -> (h_pre, h_post, h_res)`);
+                            the cost plan prices an unmeasured member from its measured
+                            relatives. None: a family of its own
+    kernel=None             "hyper_connection": its layers are hc.HyperConnection (one
+                            projection of the normed streams gives the sigmoid H_pre, H_post
+                            and a res_maps.ResMap's H_res): the family's projection checks
+                            (tests/test_connections.py), Liger's ops and the fused seams
+                            compute exactly that. None: its layers are its own, run in PyTorch
+    backends=("torch",)     the --hc-kernels backends it runs on ("liger" and "fused" need
+                            kernel="hyper_connection"); "auto" picks among them, any other
+                            is refused at configuration with one error line
+    options=()              the frame's stream options it takes (OPTIONS: hc_expand,
+                            hc_reduce and hc_recompute need state "streams", hc_pre
+                            kernel="hyper_connection"); a non-default value of any other is
+                            refused at configuration with one error line
+    dead=None               cfg -> {parameter name: reason} of the connection parameters
+                            the math leaves without a gradient for that config (a name may
+                            end in "[a:b]", a slice of the first axis, or "[:, a:b]", of the
+                            second); the gradient checks, the dead-connection warning and
+                            hc_report name them rather than count them as learning
+
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
 per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
@@ -55,6 +79,12 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Callable
 
 STATES = ("streams", "single")
+FAMILIES = ("hc",)
+KERNELS = ("hyper_connection",)
+BACKENDS = ("torch", "liger", "fused")
+# The frame's stream options (GPTConfig fields), each with the value a wiring that does not
+# take it must leave it at: the HC options' first choices and no recompute.
+OPTIONS = {"hc_expand": "copy", "hc_reduce": "sum", "hc_pre": "current", "hc_recompute": False}
 
 
 @dataclass(frozen=True)
@@ -77,10 +107,23 @@ class Spec:
     shared_fields: tuple = ()
     sublayer_prenorm: bool = True
     order: float | None = None
+    family: str | None = None
+    kernel: str | None = None
+    backends: tuple = ("torch",)
+    options: tuple = ()
+    dead: Callable | None = None
 
     @property
     def streams(self):
         return self.state == "streams"
+
+    def takes(self, backend):
+        """Whether it runs on --hc-kernels `backend` ("auto" always: it picks among its own)."""
+        return backend == "auto" or backend in self.backends
+
+    def dead_parameters(self, cfg):
+        """{parameter name: reason} the math leaves without a gradient under `cfg` (SPEC dead)."""
+        return dict(self.dead(cfg)) if self.dead is not None else {}
 
     @property
     def beyond_paper(self):
@@ -123,6 +166,7 @@ def spec_of(name, module):
         raise SpecError(f"{where}: SPEC sublayer_prenorm={raw['sublayer_prenorm']!r} must be True or False")
     if not callable(raw["params"]):
         raise SpecError(f"{where}: SPEC params must be a function of the config (cfg -> int)")
+    check_declaration(where, raw)
     for hook in ("resolve", "make_layers"):
         if not callable(getattr(module, hook, None)):
             raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
@@ -133,4 +177,35 @@ def spec_of(name, module):
     undocumented = [f for f in own if f not in helps]
     if undocumented:
         raise SpecError(f"{where}: FIELD_HELP has no help for {', '.join(undocumented)}")
-    return Spec(name=name, **raw)
+    return Spec(name=name, **{**raw, "backends": tuple(raw.get("backends", ("torch",))),
+                              "options": tuple(raw.get("options", ()))})
+
+
+def check_declaration(where, raw):
+    """SpecError unless the wiring's family, kernel, backends and options are known and agree."""
+    state, kernel = raw["state"], raw.get("kernel")
+    if raw.get("family") not in (None, *FAMILIES):
+        raise SpecError(f"{where}: SPEC family={raw['family']!r}; choose None or one of {', '.join(FAMILIES)}")
+    if raw.get("family") == "hc" and (state != "streams" or not raw["has_h_res"]):
+        raise SpecError(f"{where}: SPEC family='hc' needs state='streams' and has_h_res=True (the H-convention)")
+    if kernel not in (None, *KERNELS):
+        raise SpecError(f"{where}: SPEC kernel={kernel!r}; choose None or one of {', '.join(KERNELS)}")
+    if kernel and raw.get("family") != "hc":
+        raise SpecError(f"{where}: SPEC kernel={kernel!r} is the HC family's layer; declare family='hc'")
+    backends, options = raw.get("backends", ("torch",)), raw.get("options", ())
+    if isinstance(backends, str) or not set(backends) <= set(BACKENDS) or "torch" not in backends:
+        raise SpecError(f"{where}: SPEC backends={backends!r} must list some of {', '.join(BACKENDS)}, torch "
+                        "included (the reference every backend is checked against)")
+    kernel_backends = sorted(set(backends) - {"torch"})
+    if kernel_backends and kernel != "hyper_connection":
+        raise SpecError(f"{where}: SPEC backends {', '.join(kernel_backends)} compute hc.HyperConnection layers; "
+                        "declare kernel='hyper_connection' (its layers then must be HyperConnections) or drop them")
+    if isinstance(options, str) or not set(options) <= set(OPTIONS):
+        raise SpecError(f"{where}: SPEC options={options!r} must list some of {', '.join(OPTIONS)}")
+    if options and state != "streams":
+        raise SpecError(f"{where}: SPEC options {', '.join(options)} act on n streams; state={state!r} takes none")
+    if "hc_pre" in options and kernel != "hyper_connection":
+        raise SpecError(f"{where}: SPEC option hc_pre (delayed pre-weights) carries hc.HyperConnection's "
+                        "projected pre-weights; declare kernel='hyper_connection' or drop it")
+    if raw.get("dead") is not None and not callable(raw["dead"]):
+        raise SpecError(f"{where}: SPEC dead must be a function cfg -> {{parameter name: reason}}")

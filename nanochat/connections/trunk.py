@@ -165,18 +165,14 @@ class CarriedPreReduce(Parameterless):
         return mix_pre(carry, X, self.kernels)
 
 
-def resolve_one_state(cfg, state, hint="", recompute_note=""):
-    """The checks of a wiring with one state rather than HC streams, in place: hc_streams 0
-    or 1 (it becomes 1), and neither hc_recompute nor Liger's kernels (made for HC streams).
-    `state` says what it keeps instead, `hint` what shapes it."""
+def resolve_one_state(cfg, state, hint=""):
+    """The check of a wiring with one state rather than n streams, in place: hc_streams 0 or 1
+    (it becomes 1). `state` says what it keeps instead, `hint` what shapes it. (The stream
+    options and the kernel backends it does not declare the frame refuses: SPEC options and
+    backends.)"""
     if cfg.hc_streams not in (0, 1):
         raise ValueError(f"hc={cfg.hc!r} {state}; got hc_streams={cfg.hc_streams}. Drop --hc-streams{hint}")
     cfg.hc_streams = 1
-    if cfg.hc_recompute:
-        raise ValueError(f"hc_recompute does not apply to hc={cfg.hc!r}{recompute_note}; drop it")
-    if cfg.hc_kernels in ("liger", "fused"):
-        raise ValueError(f"hc_kernels={cfg.hc_kernels!r} has no kernels for hc={cfg.hc!r} (they are made for HC "
-                         "streams); use hc_kernels='torch' or 'auto'")
 
 
 def make_expand(cfg):

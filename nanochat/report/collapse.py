@@ -11,7 +11,7 @@ from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order, single_state, stability
 
 # (key in the diagnostics, axis label): the two measures the figures show.
-FIGURE_MEASURES = (("effective_streams", "effective streams (participation ratio)"),
+FIGURE_MEASURES = (("effective_streams", "effective streams (distinct directions)"),
                    ("offdiag_mass", "H_res off-diagonal mass 1 - tr/n"))
 
 
@@ -42,11 +42,14 @@ def collapse_table(runs):
         return None
     header = ("Method", "Run", "D", "n", "eff. streams", "final", "dominant (final)", "cosine (final)", "reads",
               "writes", "off-diag", "to perm.", "source")
-    notes = ["Means over the tokens of one validation batch (nanochat/connections/collapse.py). eff. streams: the "
-             "participation ratio of the streams' energies at each layer's input, in [1, n], averaged over layers; "
-             "final: the state before the streams are folded; dominant: the largest energy share and the stream "
-             "that holds it most often; cosine: between two streams (1 for copies of the embedding).",
-             "reads / writes: the effective number of streams in H_pre / H_post; off-diag: 1 − tr(H_res)/n "
+    notes = ["Means over the tokens of one validation batch (nanochat/connections/collapse.py). eff. streams: how many "
+             "distinct directions the streams span at each layer's input (the participation ratio of the squared "
+             "singular values of each token's n x C streams: n copies or scaled copies count as 1, n orthogonal "
+             "streams of equal energy as n), in [1, n], averaged over layers; final: the state before the streams "
+             "are folded; dominant: the largest energy share and the stream that holds it most often (1/n for "
+             "copies); cosine: between two streams (1 for copies of the embedding).",
+             "reads / writes: the effective number of coefficients in H_pre / H_post (how evenly a layer weights "
+             "the streams, whatever they hold); off-diag: 1 − tr(H_res)/n "
              "(0 for the identity, 1 for a permutation that moves every stream); to perm.: 1 − the best "
              "permutation's mean entry (0 when H_res is a permutation); both averaged over layers.",
              "The residual baseline and Block AttnRes keep one state and are not listed; Frac-Connections' "

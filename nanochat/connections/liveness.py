@@ -1,0 +1,109 @@
+"""Which connection parameters learn: a gradient well above rounding, one rule for the tests,
+base_train's dead-connection warning and hc_report.
+
+Why a rule and not "any gradient above 0". A parameter the math leaves without a gradient
+still gets one from rounding. Under copy expansion layer 0 of the HC family reads n copies of
+x0, so its H_pre only scales x0, which the sub-layer's RMSNorm undoes: its gradient is
+(1e-11 .. 1e-9) in fp32 where the layer's others are ~1e-3, and 1e-19 in fp64. "Above 0"
+counts it as learning; so did every check before this one.
+
+The rule. A gradient g is *live* when
+
+    ||g|| > LIVE_FACTOR * eps(dtype) * scale
+
+with eps the unit roundoff of the dtype the gradient was accumulated in and `scale` the
+gradient norm of the wiring's connection parameters together (the tests, hc_report), or of
+the whole model (base_train, which sees the optimizer groups' norms only). Rounding makes an
+error of about eps times the size of the terms a gradient sums, which are of the order of the
+live gradients around it, so noise sits near eps * scale; a gradient the math gives is
+orders above it. Measured on the tiny models of tests/wiring_checks.py (fp32, every
+wiring): the dead parts at most 2.4e-7 of the scale (KromHC's layer-0 res columns), every
+other part at least 2.3e-4 (hc_identity's); the line, 64 * eps = 7.6e-6, sits 30x from
+both.
+Under bf16 autocast the activations round at 2^-8 while the gradients of the fp32
+connection parameters accumulate in fp32: the rule, at fp32's eps, then tells exactly-zero
+and fp32-level gradients apart from real ones, not bf16-level noise.
+
+Parameters the math makes dead are declared by their wiring (SPEC `dead`: name -> reason, a
+name optionally ending in a slice of its first or second axis, "[a:b]" or "[:, a:b]"); the
+checks then require them dead and everything else live, and hc_report names them.
+"""
+
+import re
+
+import torch
+
+LIVE_FACTOR = 64
+SLICE = re.compile(r"^(?P<name>[\w.]+)(\[(?P<all>:, )?(?P<start>\d+):(?P<stop>\d+)\])?$")
+
+
+def threshold(scale, dtype=torch.float32):
+    """The norm a gradient must exceed to be live, for a scale and an accumulation dtype."""
+    return LIVE_FACTOR * torch.finfo(dtype).eps * scale
+
+
+def live(norm, scale, dtype=torch.float32):
+    """Whether a gradient of norm `norm` is live against `scale` (see the module docstring)."""
+    return norm > threshold(scale, dtype)
+
+
+def parse(entry):
+    """(parameter name, axis, slice) of a declared dead entry: axis None for the whole tensor."""
+    m = SLICE.match(entry)
+    if not m:
+        raise ValueError(f"dead parameter {entry!r}: write NAME, NAME[a:b] or NAME[:, a:b]")
+    if m["start"] is None:
+        return m["name"], None, None
+    return m["name"], 1 if m["all"] else 0, slice(int(m["start"]), int(m["stop"]))
+
+
+def dead_masks(grads, declared):
+    """{parameter name: bool mask of the entries declared dead} for the declared names;
+    ValueError for a declared name the wiring does not have (a stale declaration)."""
+    masks = {}
+    for entry in declared:
+        name, axis, where = parse(entry)
+        if name not in grads:
+            raise ValueError(f"dead parameter {entry!r} is not a connection parameter of this model")
+        mask = masks.setdefault(name, torch.zeros(grads[name].shape, dtype=torch.bool))
+        if axis is None:
+            mask.fill_(True)
+        else:
+            mask.narrow(axis, where.start, where.stop - where.start).fill_(True)
+    return masks
+
+
+def report(grads, declared, dtype=torch.float32):
+    """One row per connection parameter and per declared dead part of one:
+    dict(name, part ("live" | "declared dead"), norm, scale, live, reason). `grads`:
+    {name: gradient or None}; `declared`: {entry: reason} (Spec.dead_parameters)."""
+    flat = {name: (torch.zeros(()) if g is None else g.detach().double().cpu()) for name, g in grads.items()}
+    masks = dead_masks(flat, declared)
+    scale = sum(float(g.square().sum()) for g in flat.values()) ** 0.5
+    rows = []
+    for name, g in flat.items():
+        dead = masks.get(name, torch.zeros(g.shape, dtype=torch.bool))
+        if not dead.all():
+            norm = float(g[~dead].norm())
+            rows.append(dict(name=name, part="live", norm=norm, scale=scale, live=live(norm, scale, dtype), reason=None))
+    for entry, reason in declared.items():
+        name, axis, where = parse(entry)
+        part = flat[name] if axis is None else flat[name].narrow(axis, where.start, where.stop - where.start)
+        norm = float(part.norm())
+        rows.append(dict(name=entry, part="declared dead", norm=norm, scale=scale, live=live(norm, scale, dtype),
+                         reason=reason))
+    return rows
+
+
+def surprises(rows):
+    """The rows that contradict the declaration: a parameter meant to learn whose gradient is
+    rounding, or a declared dead one that learns."""
+    return [r for r in rows if r["live"] != (r["part"] == "live")]
+
+
+def model_is_dead(connection_norm, total_norm, dtype=torch.float32):
+    """base_train's rule for the whole wiring: every connection parameter's gradient together
+    (None: it has none) is rounding against the whole model's."""
+    if connection_norm is None:
+        return False
+    return not live(connection_norm, total_norm, dtype)
