@@ -7,8 +7,8 @@
 #   bash speedrun.sh n-scaling    # KromHC at n = 4, 8, 16 (D=12)
 #   bash speedrun.sh ablations    # factorization, shared alpha, identity H_res (D=12)
 #   bash speedrun.sh frontier     # beyond the paper (D=12): the HC options and every later wiring
-#                                 # (configs/frontier/), and the paper's runs they are compared
-#                                 # against (skipped when done)
+#                                 # (configs/frontier/), and the runs they are compared against
+#                                 # (each wiring's SPEC baseline; skipped when done)
 #   bash speedrun.sh all          # every GPU mode above
 #   bash speedrun.sh ladder       # what a connection is worth: every variant of VARIANTS at every
 #                                 # depth of LADDER_DEPTHS, ratio-sized horizons, then scripts.compare
@@ -20,11 +20,13 @@
 # residual,mhc,mhc_lite,kromhc; names of configs/paper/d12_<name>.toml, whose hyper-parameters the
 # runs keep, or TOML paths), LADDER_DEPTHS (default "6 8 10 12 14 16": the paper's D=6 and D=12
 # and four more), LADDER_RATIO (default 20 tokens per scaling parameter), FLOPS_BUDGETS (default
-# "2e17 6e17 2e18"). Their plan prices runs nothing has measured at an assumed MFU (PLAN_MFU,
-# default 0.4) of the peak of the GPU nvidia-smi names (PLAN_GPU overrides it, e.g. to plan a
-# node from a login machine); the arithmetic of the defaults is in docs/compute_multiplier.md. On GPUs
-# every mode's plan also shows each run's estimated peak memory per rank and its device batch
-# (base_train --device-batch-size auto; PLAN_MEMORY=0 skips the estimates).
+# "2e17 6e17 2e18"). Their plan prices a run from its own or its relatives' measurements (the
+# same wiring at another depth, its family's members: marked ≈) and, where none was measured, at
+# an assumed MFU (PLAN_MFU, default 0.4) of the peak of the GPU nvidia-smi names (PLAN_GPU
+# overrides it, e.g. PLAN_GPU=H200 to plan a node from a login machine); the arithmetic of the
+# defaults is in docs/compute_multiplier.md. On GPUs every mode's plan also shows each run's
+# estimated peak memory per rank and its device batch (base_train --device-batch-size auto;
+# PLAN_MEMORY=0 skips the estimates).
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
 # default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
@@ -84,7 +86,12 @@ else
         paper-d12) CONFIGS=(configs/paper/d12_*.toml) ;;
         n-scaling) CONFIGS=(configs/n_scaling/*.toml) ;;
         ablations) CONFIGS=(configs/ablations/*.toml) ;;
-        frontier)  CONFIGS=(configs/frontier/*.toml configs/paper/d12_{residual,mhc,mhc_lite,kromhc}.toml) ;;
+        frontier)  CONFIGS=(configs/frontier/*.toml)
+                   # then the runs the report reads them against, from the registry (each wiring's
+                   # SPEC baseline, an option's variant as the paper configures it, residual)
+                   BASELINES=$(python -m scripts.plan --baselines-of "${CONFIGS[@]}")
+                   # shellcheck disable=SC2206  # one config path a word
+                   CONFIGS+=($BASELINES) ;;
         all)       CONFIGS=(configs/paper/*.toml configs/n_scaling/*.toml configs/ablations/*.toml
                             configs/frontier/*.toml) ;;
         ladder|isoflop) CONFIGS=() ;;  # derived runs: study_plan_args below

@@ -174,9 +174,10 @@ def device_name(device):
 
 
 def peak_flops_for(name):
-    """Peak bf16 FLOP/s of a GPU by its name (torch's or nvidia-smi's), or inf when unknown."""
+    """Peak bf16 FLOP/s of a GPU by its name (torch's or nvidia-smi's, or as written by hand:
+    case aside), or inf when unknown."""
     for key, flops in _PEAK_FLOPS:
-        if key in name:
+        if key.lower() in name.lower():
             return flops
     return float("inf")
 

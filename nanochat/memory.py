@@ -83,9 +83,9 @@ _PROMOTE = ("atan2", "cross", "addcdiv", "addcmul", "index_put", "scatter_add")
 
 
 def gpu_memory_gib(name):
-    """A GPU's memory by name, or None when the table does not know it."""
+    """A GPU's memory by name (case aside), or None when the table does not know it."""
     for keys, gib in GPU_MEMORY_GIB:
-        if all(k in name for k in keys):
+        if all(k.lower() in name.lower() for k in keys):
             return gib
     return None
 

@@ -8,14 +8,21 @@ settings with the depth and the horizon overridden, under its own model tag
 the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order` also the run
 `<model_tag>_s<s>_data` whose data order is shuffled by s.
 
-The cost of a run is its training tokens over a throughput: measured, from finished run
-directories (summary.json's median tokens/s, per GPU) or a `gpu_check.json` (schema in
-`read_gpu_check`), a run directory first when both measured the same variant and depth (and
---hc-kernels backend); then the measurement committed as docs/gpu_check.json where the plan is
-for the GPU that made it, for exactly the runs it measured (`committed_measurement`); then a
-measurement of another variant at the same depth (marked ≈); else, on a GPU whose peak is
-known, an assumed MFU of that peak over the run's FLOPs per token (marked "assumed"); else none
-and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
+The cost of a run is its training tokens over a throughput, the first of:
+1. its own measurement (the same variant, depth, n and --hc-kernels backend): from finished run
+   directories (summary.json's median tokens/s, per GPU), a `gpu_check.json` (schema in
+   `read_gpu_check`), or the measurement committed as docs/gpu_check.json where the plan is for
+   the GPU that made it (`committed_measurement`; `same_gpu` takes the README's short names,
+   "H200", "A100 40GB"), in that order;
+2. a measured relative's (marked "≈ ... from <relative>"): the same wiring at another depth or n,
+   or another member of its SPEC family (`family_of`: the HC members share the stream passes
+   that residual's single state does without), on the same backend; the same depth first, from
+   another depth scaled by the run's FLOPs per token there over here (`relative_throughput`);
+3. with no relative measured, another variant's measurement at the same depth (marked
+   "assumed ... as <variant>"; never the committed one's, which prices only its own family);
+4. on a GPU whose peak is known, an assumed MFU of that peak over the run's FLOPs per token
+   (marked "assumed");
+else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
 device, which costs a torch import: done only when a throughput can use it).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
@@ -34,7 +41,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanochat.report.runs import single_state
+from nanochat import connections
+from nanochat.report.runs import Run, single_state
 
 # base_train's defaults for the keys a config may omit (nanochat/train_config.py).
 DEFAULT_SEED = 42
@@ -105,7 +113,7 @@ class Throughput:
     per_gpu: float  # tokens/s of one GPU
     source: str
     kernels: str = "torch"  # the --hc-kernels backend it ran on
-    exact_only: bool = False  # prices only its own (variant, depth, n, kernels), never "≈" another
+    exact_only: bool = False  # prices its own runs and its relatives' (`relative_throughput`), no other variant's
 
 
 def seed_tag(tag, seed, vary_data_order):
@@ -153,6 +161,51 @@ def isoflop_specs(configs, depths, budgets, prefix="isoflop", train_only=True):
 
 def _flag(name, value):
     return ["--" + name.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+
+
+# Where a variant's config of a depth is found, d<D>_<variant>.toml under the repository, in
+# the order of scripts/speedrun_lib.sh's variant_config: the paper's hyper-parameters first.
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIRS = ("configs/paper", "configs/ablations", "configs/frontier")
+
+
+def read_against(config):
+    """The variant a config's runs are read against in the report's "Beyond the paper" section
+    (report/beyond.py's counterpart): with an option beyond the paper, the same variant in the
+    paper's configuration; else the wiring's declared baseline (its SPEC's), residual for a name
+    this version does not register."""
+    run = Run(Path(config).stem, Path(config), found=False, config=tomllib.loads(Path(config).read_text()))
+    if run.options:
+        return run.variant
+    return connections.spec(run.variant).baseline if run.variant in connections.VARIANTS else "residual"
+
+
+def variant_config(variant, depth, root=REPO):
+    """The config of a variant at a depth, relative to root (the first CONFIG_DIRS holding
+    d<depth>_<variant>.toml), or None."""
+    paths = (f"{d}/d{depth}_{variant}.toml" for d in CONFIG_DIRS)
+    return next((p for p in paths if (Path(root) / p).is_file()), None)
+
+
+def baseline_configs(configs, root=REPO):
+    """What the runs of `configs` need beside them to be read in the report: at each of their
+    depths the config of every variant they are read against (`read_against`) and residual's
+    (every row's ΔParams reference), those not among `configs`, in registry order. Returns
+    (config paths relative to root, "<variant> at D=<depth>" of those with no config)."""
+    given = {Path(c).resolve() for c in configs}
+    wanted = {}
+    for config in configs:
+        depth = tomllib.loads(Path(config).read_text()).get("depth", DEFAULT_DEPTH)
+        wanted |= {(read_against(config), depth): None, ("residual", depth): None}
+    order = list(connections.VARIANTS)
+    found, missing = [], []
+    for variant, depth in sorted(wanted, key=lambda w: (order.index(w[0]) if w[0] in order else len(order), w[1])):
+        path = variant_config(variant, depth, root)
+        if path is None:
+            missing.append(f"{variant} at D={depth}")
+        elif (Path(root) / path).resolve() not in given:
+            found.append(path)
+    return found, missing
 
 
 def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
@@ -213,12 +266,9 @@ def _train_args(key):
         return parse_args(["--config", key[0], *key[1]])
 
 
-def resolve(run):
-    """Size a run as base_train will: its steps (from a FLOPs budget or a data ratio when the
-    config gives none) and its FLOPs per token, from the model built on the meta device."""
-    if run.flops_per_token is not None:
-        return run
-    key = _shape_key(run)
+def _shape(key):
+    """(steps, FLOPs per token) of the settings `key` (_shape_key's form), from the model built
+    on the meta device once per key; (None, None) for a bad setting."""
     if key not in _SHAPES:
         import torch
 
@@ -232,7 +282,15 @@ def resolve(run):
             _SHAPES[key] = (steps, float(model.estimate_flops()))
         except (ValueError, SystemExit):
             _SHAPES[key] = (None, None)  # a bad setting: left unpriced, its training fails with the reason
-    steps, run.flops_per_token = _SHAPES[key]
+    return _SHAPES[key]
+
+
+def resolve(run):
+    """Size a run as base_train will: its steps (from a FLOPs budget or a data ratio when the
+    config gives none) and its FLOPs per token, from the model built on the meta device."""
+    if run.flops_per_token is not None:
+        return run
+    steps, run.flops_per_token = _shape(_shape_key(run))
     if run.steps is None:
         run.steps = steps
     return run
@@ -378,12 +436,52 @@ def read_gpu_check(path, exact_only=False):
 COMMITTED_GPU_CHECK = Path(__file__).resolve().parents[1] / "docs" / "gpu_check.json"
 
 
+# Words of a GPU's name that tell it from no other GPU: the vendor and brand, the form factor
+# and memory type a GPU without "PCIe" or "NVL" in its name has anyway (SXM, HBM), and the
+# architecture and edition words nvidia-smi adds ("NVIDIA RTX PRO 6000 Blackwell Server
+# Edition"). The words left (the model, "PCIe", "NVL", "Ada", "Max-Q") tell GPUs apart.
+GPU_NAME_NOISE = frozenset({"nvidia", "tesla", "geforce", "sxm", "sxm2", "sxm4", "sxm5", "hbm2", "hbm2e", "hbm3",
+                            "hbm3e", "blackwell", "server", "workstation", "edition", "generation"})
+_GB = re.compile(r"(\d+)gb")
+
+
+def gpu_words(name):
+    """The words of a GPU's name that tell it from other GPUs, lower case, and the memory the
+    name states in GB (None where it states none): "NVIDIA A100-SXM4-80GB" -> ({"a100"}, 80)."""
+    text = re.sub(r"(\d+)\s*gb\b", r"\1gb", name.lower())
+    words = [w for w in re.split(r"[\s_-]+", text) if w and w not in GPU_NAME_NOISE]
+    stated = [int(m.group(1)) for w in words if (m := _GB.fullmatch(w))]
+    return frozenset(w for w in words if not _GB.fullmatch(w)), (stated[0] if stated else None)
+
+
+def gpu_memory(name):
+    """The memory a GPU's name means, in GB: the one it states, else the data sheet's for that
+    name (nanochat.memory's table: a bare "A100" is the 80 GB one); None where neither says."""
+    stated = gpu_words(name)[1]
+    if stated is not None:
+        return stated
+    from nanochat.memory import gpu_memory_gib
+    return gpu_memory_gib(name)
+
+
+def same_gpu(name, device):
+    """Whether the GPU named (PLAN_GPU: as nvidia-smi names it or as the README writes it,
+    "H200", "A100 40GB", in any case, with or without "NVIDIA") is the device a measurement
+    names: the same distinguishing words (H100 is not the H100 NVL, the H100 PCIe or the H200)
+    and the same memory where both names imply one (A100 40GB is not the A100-SXM4-80GB)."""
+    words, device_words = gpu_words(name)[0], gpu_words(device)[0]
+    if not words or words != device_words:
+        return False
+    memory, device_memory = gpu_memory(name), gpu_memory(device)
+    return memory is None or device_memory is None or memory == device_memory
+
+
 def committed_measurement(gpu_name, path=COMMITTED_GPU_CHECK):
-    """read_gpu_check of the committed measurement when it was made on the GPU named (exactly
-    as nvidia-smi names it, case aside), each marked exact_only and "docs/..., <GPU>"; else []."""
+    """read_gpu_check of the committed measurement when it was made on the GPU named
+    (`same_gpu`), each marked exact_only and "docs/..., <GPU>"; else []."""
     data = _read_json(Path(path))
     device = data.get("env", {}).get("device_name") if isinstance(data, dict) else None
-    if not gpu_name or not isinstance(device, str) or device.lower() != gpu_name.strip().lower():
+    if not gpu_name or not isinstance(device, str) or not same_gpu(gpu_name, device):
         return []
     return [dataclasses.replace(m, source=f"docs/{Path(path).name}, {device}")
             for m in read_gpu_check(path, exact_only=True)]
@@ -429,20 +527,82 @@ def assumption_for(gpu_name, mfu=ASSUMED_MFU):
     return Assumption(gpu_name, peak, mfu) if math.isfinite(peak) else None
 
 
+def family_of(variant):
+    """The family a wiring declares (its SPEC's family: "hc" for the hyper-connections), None
+    for a wiring that is a family of its own or a name this version does not register."""
+    if variant not in connections.VARIANTS:
+        return None
+    return getattr(connections.spec(variant), "family", None)
+
+
+def related(variant, other):
+    """Whether a measurement of `other` may price a run of `variant`: the same wiring, or two
+    members of one family (the HC members share the stream passes that residual's single
+    state does without, and cost several times its step)."""
+    return variant == other or (family_of(variant) is not None and family_of(variant) == family_of(other))
+
+
+def same_backend(m, run):
+    """Whether m ran the run's --hc-kernels backend (a single-state variant has none to differ)."""
+    return m.kernels == run.kernels or single_state(run.variant)
+
+
+def at_depth(m, run):
+    """A relative's throughput for the run's depth: as measured at the same depth; at another,
+    its tokens/s times the run's FLOPs per token at m's depth over at its own (the MFU kept).
+    None where either FLOPs count is unknown (a bad setting)."""
+    if m.depth == run.depth:
+        return m
+    key = _shape_key(run)
+    there = _shape((key[0], key[1] + ("--depth", str(m.depth))))[1]
+    here = resolve(run).flops_per_token
+    return None if there is None or here is None else dataclasses.replace(m, per_gpu=m.per_gpu * there / here)
+
+
+def relative_throughput(run, measured):
+    """For a run nothing measured: its nearest measured relative (`related`) on its backend, the
+    same depth first, then the same n, then the nearest depth, then its own variant, as at_depth
+    gives it; None where none is measured."""
+    relatives = sorted((m for m in measured if related(run.variant, m.variant) and same_backend(m, run)),
+                       key=lambda m: (m.depth != run.depth, m.n != run.n, abs(m.depth - run.depth),
+                                      m.variant != run.variant))
+    return next((t for t in (at_depth(m, run) for m in relatives) if t is not None), None)
+
+
 def find_throughput(run, measured, assumption=None):
     """The best throughput for a run and how it was had: "measured" (same variant, depth, n and
-    backend; any backend for a single-state variant), "≈" (measured on another variant at the
-    same depth, never from an exact_only measurement), "assumed" (the MFU assumption), else
-    (None, None)."""
+    backend; any backend for a single-state variant), "≈" (a measured relative's,
+    `relative_throughput`), "another" (nothing of its family measured: another variant's at the
+    same depth, taken as its own; never from an exact_only measurement), "assumed" (the MFU
+    assumption), else (None, None)."""
     exact = [m for m in measured if (m.variant, m.depth, m.n) == (run.variant, run.depth, run.n)
-             and (m.kernels == run.kernels or single_state(run.variant))]
+             and same_backend(m, run)]
     if exact:
         return exact[0], "measured"
+    relative = relative_throughput(run, measured)
+    if relative is not None:
+        return relative, "≈"
     same_depth = [m for m in measured if m.depth == run.depth and not m.exact_only]
     if same_depth:
-        return same_depth[0], "≈"
+        return same_depth[0], "another"
     rate = None if assumption is None else assumption.throughput(run)
     return (rate, "assumed") if rate is not None else (None, None)
+
+
+def rate_cell(m, kind, run):
+    """The plan's tokens/s column: the rate and where it comes from, marked "≈ ... from <the
+    relative>" or "assumed" where it is not the run's own measurement."""
+    if m is None:
+        return "—"
+    rate = format_count(m.per_gpu)
+    if kind == "assumed":
+        return f"assumed {rate}"
+    if kind == "another":
+        return f"assumed {rate} as {m.variant} ({m.source})"
+    if kind == "≈":
+        differs = ("" if m.depth == run.depth else f" D{m.depth}") + ("" if m.n == run.n else f" n={m.n}")
+        return f"≈ {rate} from {m.variant}{differs} ({m.source})"
+    return f"{rate} ({m.source})"
 
 
 def seconds_left(run, measured, nproc, assumption=None):
@@ -482,6 +642,15 @@ def format_flops(value):
     return "—" if value is None else f"{value:.2e}"
 
 
+# The kinds of throughput (find_throughput) that are assumptions rather than measurements of
+# the run or its family; and what the marks of the tokens/s column mean.
+ASSUMED_KINDS = frozenset({"assumed", "another"})
+LEGEND = ("≈ ... from V: not measured itself; priced from V, a measured relative (the same wiring, or a member of "
+          "its SPEC family) on the same --hc-kernels backend, the same depth first, from another depth (D) scaled "
+          "by FLOPs per token. assumed ... as V: no relative measured; another variant's measurement at the same "
+          "depth taken as its own. Evaluation time is not included.")
+
+
 def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     """The plan as text: the total first, then one line per run, then what could not be
     estimated and what the estimate assumes. `unit` names what nproc counts (GPU, or CPU process
@@ -499,10 +668,9 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
         else:
             total += secs
             kinds.add(kind if secs else None)
-        rate = "—" if m is None else {"≈": "≈ ", "assumed": "assumed "}.get(kind, "") + format_count(m.per_gpu) \
-            + ("" if kind == "assumed" else f" ({m.source})")
         rows.append((r.tag, r.variant, r.depth, "—" if r.steps is None else r.steps, format_count(r.tokens),
-                     format_flops(r.flops), status, rate, "—" if secs is None else f"{secs * nproc / 3600:.2f}")
+                     format_flops(r.flops), status, rate_cell(m, kind, r),
+                     "—" if secs is None else f"{secs * nproc / 3600:.2f}")
                     + (memory_cells(fit(r, nproc, memory.bytes, memory.auto)) if memory else ()))
     todo = [r for r in runs if not r.finished]
     head = f"{len(todo)} of {len(runs)} runs to train, on {nproc} x {unit}"
@@ -511,8 +679,8 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     else:
         lines = [f"{head}: about {total * nproc / 3600:.2f} {unit}-hours, {format_duration(total)} of training"
                  + (" for the runs that can be estimated" if unknown else "")
-                 + (" (partly assumed, see below)" if "assumed" in kinds and kinds - {"assumed", None}
-                    else " (assumed, see below)" if "assumed" in kinds else "")]
+                 + (" (partly assumed, see below)" if kinds & ASSUMED_KINDS and kinds - ASSUMED_KINDS - {None}
+                    else " (assumed, see below)" if kinds & ASSUMED_KINDS else "")]
     lines.append(text_table(("run", "variant", "D", "steps", "tokens", "FLOPs", "status",
                              f"tokens/s per {unit} (from)", f"{unit}-hours")
                             + (("peak per rank", "device batch") if memory else ()), rows))
@@ -528,7 +696,7 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     covered = covered_line(measured)
     if covered:
         lines.append(covered + ".")
-    lines.append("≈: measured on another variant of the same depth. Evaluation time is not included.")
+    lines.append(LEGEND)
     if memory:
         lines.append(memory.describe())
     return "\n".join(lines)

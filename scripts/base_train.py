@@ -164,13 +164,13 @@ def connection_grad_norm(norms):
 
 def dead_connections(hc_grad_norm, total_norm, variant, step):
     """The one warning line when no connection parameter got a gradient above rounding
-    (connections/liveness.py: hc_grad_norm within 64 fp32 roundoffs of the model's total
+    (connections/liveness.py: hc_grad_norm within one fp32 roundoff of the model's total
     gradient norm; None: the wiring has no parameter), else None. Such a run's loss still
     falls, as the embedding and the head learn, but the wiring never moves. The loop asks it of
     the first gradient after an optimizer step (step 1 of a fresh run): in step 0 nanochat's
     zero output projections leave most wirings without a gradient (no branch output yet, and a
     multiple of x0 that the final norm does not see), which the first update ends."""
-    if not liveness.model_is_dead(hc_grad_norm, total_norm):
+    if not liveness.wiring_is_dead(hc_grad_norm, total_norm):
         return None
     return (f"warning: every connection parameter of hc={variant!r} got no gradient above rounding in step {step} "
             f"(norm {hc_grad_norm:.1e} against the model's {total_norm:.1e}): this wiring cannot learn from its "

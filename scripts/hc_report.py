@@ -35,6 +35,7 @@ import torch
 from nanochat import connections
 from nanochat.cli import choice, existing_dir, int_at_least, nonneg_int, positive_int, run
 from nanochat.common import text_table
+from nanochat.connections import liveness
 from nanochat.connections.diagnostics import (attnres_read_params, collect_hc_stats, frac_layer_params,
                                               hc_layer_params, model_hc_params, trunk_params)
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
@@ -372,6 +373,41 @@ def print_states(run_dir, stats, source, config):
           "applicable.")
 
 
+def gradient_liveness(model, x):
+    """(rows of connections/liveness.py for the connection gradients, the whole model's
+    gradient norm) of one fp32 loss on the batch `x` (its own next tokens as targets)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, enabled=False):
+        model(x[:, :-1], x[:, 1:]).backward()
+    grads = {name: p.grad for name, p in model.connections.named_parameters()}
+    total = float(torch.stack([p.grad.double().square().sum() for p in model.parameters() if p.grad is not None])
+                  .sum().sqrt())
+    model.zero_grad(set_to_none=True)
+    return liveness.report(grads, connections.spec(model.config.hc).dead_parameters(model.config)), total
+
+
+def liveness_lines(rows, total, variant):
+    """What gradient_liveness found, in a few lines, by the rule base_train's warnings use: the
+    wiring against the model, the live count, each declared dead part with its reason, and
+    every contradiction of the declaration."""
+    if not rows:
+        return []
+    live = [r for r in rows if r["part"] == "live"]
+    scale = rows[0]["scale"]
+    out = [f"gradients on this batch (fp32; connections/liveness.py): the wiring's norm {scale:.2e} against the "
+           f"model's {total:.2e}"]
+    if liveness.wiring_is_dead(scale, total):
+        out.append(f"  warning: hc={variant!r} gets no gradient above rounding (within one fp32 roundoff of the "
+                   "model's): it cannot learn from here")
+    out.append(f"  {sum(r['live'] for r in live)} of {len(live)} connection parameters learn (a norm above "
+               f"{liveness.PART_FACTOR} fp32 roundoffs of the wiring's)")
+    out += [f"  dead by construction: {r['name']} (norm {r['norm']:.1e}): {r['reason']}" for r in rows
+            if r["part"] != "live"]
+    out += [f"  warning: {r['name']} " + ("gets rounding alone" if r["part"] == "live" else "is declared dead but learns")
+            + f" (norm {r['norm']:.1e})" for r in liveness.surprises(rows)]
+    return out
+
+
 def report_checkpoint(args):
     from nanochat.checkpoint import atomic_write, load_model
     from nanochat.common import autodetect_device_type, compute_dtype
@@ -384,6 +420,8 @@ def report_checkpoint(args):
     with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
         stats = collect_hc_stats(model, x)
     stats.update(step=meta.get("step", args.step), tokens_source=source)
+    rows, total = gradient_liveness(model, x)
+    stats["liveness"] = rows
     path = os.path.join(run_dir, "hc_stats.json")
     atomic_write(path, json.dumps(stats, indent=1))
     if connections.sits_at_init(model.connections, model.config):
@@ -392,6 +430,7 @@ def report_checkpoint(args):
     if "composite_col_mae" not in stats:  # no H_res: the reads, or the states alone
         reads = all("source_weights" in layer for layer in stats["layers"])
         (print_reads if reads else print_states)(run_dir, stats, source, model.config)
+        print("".join(f"\n{line}" for line in liveness_lines(rows, total, model.config.hc)))
         print(f"\nwrote {path}")
         return
     print(f"{variant_line(run_dir, stats, model.config, source)}, n = {stats['n']}; coefficients fp32, streams "
@@ -412,6 +451,7 @@ def report_checkpoint(args):
           "streams;\nreads/writes: effective number of coefficients in H_pre / H_post; "
           "off-diag: 1 - tr(H_res)/n;\nto perm.: 1 - the best permutation's mean entry (0: H_res is a permutation); "
           "logit range: max - min of the res logits.")
+    print("".join(f"\n{line}" for line in liveness_lines(rows, total, model.config.hc)))
     print(f"\nwrote {path}")
 
 

@@ -12,12 +12,20 @@ configs' settings, the depth and the horizon overridden, tags `<prefix>_d<depth>
 `<prefix>_<budget>_d<depth>_<label>`, the label being the file name without a leading `d<N>_`);
 the three may be mixed, in that order. The run list (--tsv) has one line per run: config, model
 tag, `all` or `train` (train: no evaluation after training), then the extra base_train flags,
-tab-separated; speedrun.sh trains them in that order. Throughput comes from finished runs under
-<base dir>/runs, else from <base dir>/gpu_check.json (or --gpu-check FILE), else, for the GPU
-that made docs/gpu_check.json named by --gpu-name, from that measurement for exactly the runs it
-measured, else, for a GPU named by --gpu-name whose peak is known, from an assumed MFU (--mfu);
-see nanochat/plan.py.
+tab-separated; speedrun.sh trains them in that order. A run's throughput is its own measurement:
+from finished runs under <base dir>/runs, <base dir>/gpu_check.json (or --gpu-check FILE), or,
+where --gpu-name names the GPU that made docs/gpu_check.json (as nvidia-smi names it or
+as the README does: "H200"), that measurement; else a measured relative's (the same wiring at
+another depth, or a member of its family, on the same --hc-kernels backend), marked "≈ ... from";
+else another variant's at the same depth, or for a GPU named by --gpu-name whose peak is known an
+assumed MFU (--mfu), marked "assumed"; see nanochat/plan.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
+
+    python -m scripts.plan --baselines-of configs/frontier/*.toml
+
+prints, one a line, the configs of the runs those configs' runs are read against in the report
+(each wiring's SPEC baseline, an option's variant in the paper's configuration, residual) that
+are not among them; speedrun.sh's frontier mode trains them too.
 """
 
 import argparse
@@ -67,7 +75,12 @@ def parse_args(argv=None):
     parser.add_argument("--progress", type=positive_int(), metavar="K", help="print only 'run K of N' with the ETA")
     parser.add_argument("--shards", action="store_true",
                         help="print only the FineWeb-Edu train shards the longest run needs")
+    parser.add_argument("--baselines-of", nargs="+", default=[], metavar="TOML",
+                        help="print only the configs of the runs these configs' runs are read against in the "
+                             "report, those not among them, one a line")
     args = parser.parse_args(argv)
+    if args.baselines_of:
+        return args
     if not (args.configs or args.ladder or args.isoflop):
         parser.error("give the runs: --configs, --ladder or --isoflop (each a list of TOML files)")
     if (args.ladder or args.isoflop) and not args.depths:
@@ -88,8 +101,24 @@ def specs_of(args):
     return specs
 
 
+def print_baselines(configs):
+    """The configs of `configs`' comparison runs, one a line; a warning on stderr for a
+    variant no d<D>_<variant>.toml exists for (the runs read against it then have no comparison)."""
+    found, missing = plan.baseline_configs(configs)
+    if found:
+        print("\n".join(found))
+    if missing:
+        print(f"plan: no config for {', '.join(missing)} in {', '.join(plan.CONFIG_DIRS)} (d<D>_<variant>.toml): "
+              "the runs read against it get no comparison in the report", file=sys.stderr)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.baselines_of:
+        for path in args.baselines_of:
+            if not Path(path).is_file():
+                sys.exit(f"error: config {path} not found; pass existing TOML files to --baselines-of")
+        return print_baselines(args.baselines_of)
     if args.runs_root and args.gpu_check:
         base = None  # both given (speedrun does): no need to import torch for base_dir
     else:

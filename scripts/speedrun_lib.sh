@@ -171,7 +171,8 @@ run_all() {
 
 # variant_config NAME: the config a ladder or grid run of the variant NAME starts from: a TOML
 # path as given, else configs/paper/d12_NAME.toml (the paper's hyper-parameters), else the
-# ablations' or the frontier's d12_NAME.toml. One error line naming the choices when none exists.
+# ablations' or the frontier's d12_NAME.toml (nanochat/plan.py's CONFIG_DIRS, which finds the
+# frontier's comparison runs, keeps the same order). One error line naming the choices when none exists.
 variant_config() {
     local name=$1 path
     case "$name" in *.toml) [ -f "$name" ] && { echo "$name"; return 0; } ;; esac

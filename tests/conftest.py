@@ -6,6 +6,8 @@ small_corpus_dir    ~300 of its documents in many small shards and row groups (1
                     each), so that loaders cross files and epochs within a few batches
 tokenizer_dir       a 512-token BPE trained on the offline corpus (with token_bytes.pt)
 make_run            writes a run directory with the checkpoint of a tiny GPT (any config)
+
+`--quick` (bash scripts/test.sh --quick) runs the quick tier, QUICK below, instead of the suite.
 """
 
 import atexit
@@ -38,6 +40,89 @@ import pytest  # noqa: E402
 from nanochat.data.local import build_offline_corpus, write_corpus  # noqa: E402
 from nanochat.data.shards import parquets_iter_batched  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
+
+
+# The quick tier: what a contributor runs before pushing, under 2 minutes on 2 cores; the full
+# suite stays the gate (CI). File name -> the tests of it to run: None for all of them but the
+# slow ones (subprocesses), or a list of names (a name with its parameters in brackets picks
+# that case, a bare name every case; slow ones included when named). One real training through
+# the command a user runs, and the fast unit tests of the core it rests on.
+QUICK = {
+    # base_train end to end (data, tokenizer, model, optimizer, diagnostics, checkpoint,
+    # summary) on the wiring the project is about
+    "test_train_e2e.py": ["test_each_kind_of_connection_trains_and_writes_its_run[kromhx]"], "test_gone.py": None,
+    "test_gpt.py": None,
+    "test_optim.py": None,
+    "test_connections.py": None,  # the HC family's math against the references
+    # the variant contract on the baseline and on KromHC, without the run-directory checks
+    # (those train a tokenizer first)
+    "test_variant_contract.py": [f"{test}[{name}]" for name in ("residual", "kromhc") for test in (
+        "test_spec_describes_the_model_it_builds", "test_equals_prenorm_at_init_exactly_when_its_spec_says_so",
+        "test_its_shared_fields_are_the_frames_fields_that_shape_it")]
+        + ["test_every_connection_parameter_learns_but_what_its_wiring_declares_dead[kromhc]",
+           "test_a_spec_missing_a_key_is_named", "test_a_module_without_spec_is_named"],
+    "test_collapse.py": None,
+    "test_train_config.py": None,
+    "test_cli_errors.py": None,  # parse-time errors of every CLI; its runtime mistakes are slow
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="run the quick tier (tests/conftest.py QUICK), not the whole suite")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under --quick, the files outside QUICK are not even imported: collecting the whole suite
+    alone takes about 20 s per worker."""
+    if config.getoption("quick") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in QUICK
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under --quick, keep QUICK's tests and deselect the rest. A file or a name in QUICK that
+    no longer exists is an error, so that the tier cannot shrink unnoticed."""
+    if not config.getoption("quick"):
+        return
+    kept, dropped, matched = [], [], set()
+    for item in items:
+        hit = quick_match(item, QUICK.get(item.path.name, ()))
+        (kept if hit else dropped).append(item)
+        matched.add((item.path.name, hit))
+    collected = {item.path.name for item in items}
+    here = os.path.dirname(os.path.abspath(__file__))
+    stale = [file for file in QUICK if not os.path.exists(os.path.join(here, file))]
+    stale += [f"{file}::{name}" for file, names in QUICK.items() if names and file in collected
+              for name in names if (file, name) not in matched]
+    if stale:
+        kept.append(StaleQuickNames.from_parent(items[0].session, name="QUICK", stale=stale))
+    items[:] = kept
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+
+
+class StaleQuickNames(pytest.Item):
+    """A failing test for the names in QUICK that match nothing: an error raised at collection
+    is lost under pytest-xdist (its workers collect), a failed test is reported like any other."""
+
+    def __init__(self, *, stale, **kwargs):
+        super().__init__(**kwargs)
+        self.stale = stale
+
+    def runtest(self):
+        raise AssertionError(f"QUICK in tests/conftest.py names what does not exist: {', '.join(self.stale)}")
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+def quick_match(item, names):
+    """The QUICK name that selects `item`, True when its file is listed whole (and it is not
+    slow), or None."""
+    if names is None:
+        return None if item.get_closest_marker("slow") else True
+    return next((name for name in names if name in (item.name, item.originalname)), None)
 
 
 @pytest.fixture(scope="session")

@@ -85,18 +85,41 @@ def test_base_train_warns_once_after_the_first_step_of_a_wiring_that_cannot_lear
     assert first["hc_grad_norm"] == 0.0  # step 0: no branch output yet, and no warning for it
 
 
-@pytest.mark.parametrize("hc", list(connections.VARIANTS))
-def test_no_registered_wiring_has_a_zero_gradient_after_one_update(hc):
-    """What base_train checks, with its optimizer and groups: after one update every wiring
-    with parameters has a connection gradient (the warning never fires for ours)."""
-    model = tiny(hc, seed=0)
+def after_one_update(hc, **fields):
+    """A tiny model of the wiring after base_train's first update, with its step-1 gradients,
+    and the optimizer's norms of them."""
+    model = tiny(hc, seed=0, **fields)
     optimizer = build_optimizer(model.param_groups(), world_size=1)
     idx = tokens()
     for _ in range(2):
         model.zero_grad(set_to_none=True)
         model(idx[:, :-1], idx[:, 1:]).backward()
         optimizer.step(measure_grad_norm=True)
-    assert dead_connections(connection_grad_norm(optimizer.grad_norms), hc, 1) is None
+    return model, optimizer.grad_norms
+
+
+# DAR at its defaults (full sources, zero gate) starts at a stationary point: every query is
+# zero, so each read is the mean of sources that sum to h, which only scales h, and the
+# sub-layer's norm undoes the scale; the gates get rounding and the queries, scaled by the
+# gates, exactly zero (docs/variants.md). The warning says so: a finding, not a pass.
+STATIONARY = {"dar"}
+
+
+@pytest.mark.parametrize("hc", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="stationary start"))
+                                if name in STATIONARY else name for name in connections.VARIANTS])
+def test_no_registered_wiring_is_dead_after_one_update(hc):
+    """What base_train checks, with its optimizer and groups: after one update every wiring
+    with parameters has a connection gradient above rounding (against the model's: parts of
+    it may still be at rounding here, e.g. the HC family's alphas and norm weights, whose
+    gradients scale with W, zero at init and one update from it)."""
+    _, norms = after_one_update(hc)
+    assert dead_connections(connection_grad_norm(norms), float(norms["total"]), hc, 1) is None
+
+
+def test_dar_learns_from_a_start_that_is_not_stationary():
+    """The same check passes for DAR where its read is not a scaled h: block sources."""
+    model, norms = after_one_update("dar", dar_source="block")
+    assert dead_connections(connection_grad_norm(norms), float(norms["total"]), "dar", 1) is None
 
 
 def save(run_dir, model, step=10):

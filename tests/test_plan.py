@@ -56,7 +56,7 @@ def test_progress_from_run_directories(tmp_path):
 def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
     a = write_config(tmp_path, "a")  # mhc D=12
     k = write_config(tmp_path, "k", hc="kromhc")
-    d6 = write_config(tmp_path, "d6", hc="kromhc", depth=6)
+    d6 = write_config(tmp_path, "d6", hc="residual", depth=6)  # no relative of it measured
     root = tmp_path / "runs"
     finish(root, "a", "mhc", 12, 8000.0, world_size=8)  # 1000 tokens/s per GPU
     measured = plan.measured_from_runs(root)
@@ -105,11 +105,13 @@ def test_gpu_check_kernel_rows_price_their_own_backend(tmp_path):
     assert [(m.variant, m.depth, m.n, m.kernels) for m in measured] == [("residual", 12, 1, "torch"),
                                                                         ("kromhc", 12, 4, "fused")]
     assert plan.find_throughput(runs[1], measured) == (measured[1], "measured")
-    assert plan.find_throughput(runs[0], measured)[1] == "≈"  # the torch run: another backend's number, marked
+    # the torch run: no torch measurement of its family, so residual's, marked as assumed
+    assert plan.find_throughput(runs[0], measured) == (measured[0], "another")
+    assert plan.rate_cell(measured[0], "another", runs[0]) == "assumed 4.00K as residual (gpu_check.json)"
     assert plan.find_throughput(runs[2], measured) == (measured[0], "measured")
 
 
-def test_the_committed_measurement_prices_exactly_its_runs_on_its_gpu(tmp_path, capsys):
+def test_the_committed_measurement_prices_its_runs_and_their_family_on_its_gpu(tmp_path, capsys):
     k = write_config(tmp_path, "k", hc="kromhc")
     m = write_config(tmp_path, "m", hc="mhc")
     check = tmp_path / "gpu_check.json"
@@ -122,10 +124,12 @@ def test_the_committed_measurement_prices_exactly_its_runs_on_its_gpu(tmp_path, 
     runs = plan.plan_runs([k, m], seeds=1)
     assumption = plan.assumption_for("NVIDIA H200")
     assert plan.find_throughput(runs[0], measured, assumption) == (measured[1], "measured")
-    assert plan.find_throughput(runs[1], measured, assumption)[1] == "assumed"  # not ≈ from KromHC's
+    # mHC, not measured: from KromHC's, its family's member on its backend, never residual's
+    assert plan.find_throughput(runs[1], measured, assumption) == (measured[1], "≈")
     text = plan.plan_table(runs, measured, 8, assumption=assumption)
     assert "measured in docs/gpu_check.json, NVIDIA H200: kromhc D12, residual D12" in text
-    assert "(partly assumed, see below)" in text
+    assert "≈ 2.00K from kromhc (docs/gpu_check.json, NVIDIA H200)" in text
+    assert "assumed" not in text.splitlines()[0]
     # the committed file itself was measured on a GPU and names it
     committed = json.loads(plan.COMMITTED_GPU_CHECK.read_text())
     assert plan.committed_measurement(committed["env"]["device_name"])
@@ -209,8 +213,11 @@ def test_gpu_hours_from_an_assumed_mfu_where_nothing_was_measured(tmp_path):
     assert "cannot" not in text
     measured = [plan.Throughput("kromhc", 2, 4, 1000.0, "run x")]
     assert plan.find_throughput(runs[0], measured, h100)[1] == "measured"
-    assert plan.find_throughput(runs[1], measured, h100)[1] == "assumed"
-    assert "(partly assumed, see below)" in plan.plan_table(runs, measured, 8, assumption=h100).splitlines()[0]
+    # D=4 from the D=2 run, its tokens/s scaled by the FLOPs per token at D=2 over at D=4
+    rate, kind = plan.find_throughput(runs[1], measured, h100)
+    assert kind == "≈" and rate.per_gpu == pytest.approx(1000.0 * runs[0].flops_per_token / runs[1].flops_per_token)
+    assert "≈ " + plan.format_count(rate.per_gpu) + " from kromhc D2 (run x)" in plan.plan_table(
+        runs, measured, 8, assumption=h100)
     line = plan.progress_line(runs, 1, [], 8, h100)
     assert line.startswith("run 1 of 2: ladder_d2_kromhc; training left for the mode: ") and "assumed MFU" in line
 
@@ -266,3 +273,105 @@ def test_memory_per_rank_and_the_device_batch_on_a_named_gpu(tmp_path, capsys, m
     monkeypatch.setattr(memory, "GPU_MEMORY_GIB", [(("Tiny",), 1e-6)])
     with pytest.raises(SystemExit, match="^error: k cannot fit on the Tiny GPU .* even at device batch 1"):
         plan_cli.main([*common, "--auto-batch", "--gpu-name", "Tiny GPU"])
+
+
+@pytest.mark.parametrize("name, device, same", [
+    ("H200", "NVIDIA H200", True), ("h200 ", "NVIDIA H200", True), ("nvidia-h200", "NVIDIA H200", True),
+    ("H100", "NVIDIA H100 80GB HBM3", True), ("H100 SXM", "NVIDIA H100 80GB HBM3", True),
+    ("H100", "NVIDIA H100 NVL", False), ("H100", "NVIDIA H100 PCIe", False), ("H100", "NVIDIA H200", False),
+    ("H200", "NVIDIA GH200 480GB", False),
+    ("A100 40GB", "NVIDIA A100-SXM4-40GB", True), ("A100 40GB", "NVIDIA A100-SXM4-80GB", False),
+    ("a100 80 GB", "NVIDIA A100-SXM4-80GB", True), ("A100 80GB", "NVIDIA A100 80GB PCIe", False),
+    ("A100", "NVIDIA A100-SXM4-80GB", True), ("A100", "NVIDIA A100-SXM4-40GB", False),  # a bare A100 is 80 GB
+    ("L40S", "NVIDIA L40S", True), ("L40", "NVIDIA L40S", False),
+    ("RTX PRO 6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", True),
+    ("RTX PRO 6000", "NVIDIA RTX 6000 Ada Generation", False), ("", "NVIDIA H200", False),
+])
+def test_gpu_names_as_the_readme_writes_them(name, device, same):
+    assert plan.same_gpu(name, device) is same
+
+
+def test_the_committed_measurement_answers_the_readmes_short_names(tmp_path):
+    check = tmp_path / "gpu_check.json"
+    rows = [dict(run="model D12", variant="kromhc", kernels="torch", tokens_per_s=2000.0)]
+    check.write_text(json.dumps({"profile": "gpu", "env": {"device_name": "NVIDIA H200"}, "kernels": {"rows": rows}}))
+    for name in ("H200", "h200", "NVIDIA-H200"):
+        assert [m.source for m in plan.committed_measurement(name, check)] == ["docs/gpu_check.json, NVIDIA H200"]
+    for name in ("H100", "H200 NVL", "GH200"):
+        assert plan.committed_measurement(name, check) == []
+    # the same names, in any case, have the GPU's peak and memory for what nothing measured
+    from nanochat.memory import GIB
+    assert plan.assumption_for("h200").peak == plan.assumption_for("NVIDIA H200").peak == 989e12
+    assert plan.memory_for("a100 40GB", auto=True).bytes == 40 * GIB
+
+
+def test_an_unmeasured_wiring_is_priced_from_its_measured_family_on_its_backend(tmp_path, monkeypatch):
+    """mHC at D=2 with KromHC measured at D=2 and D=4: KromHC's D=2 number, marked "≈ from
+    kromhc", never residual's; a fused run from the fused measurement; pre-norm (a family of its
+    own, nothing of it measured) at the assumed MFU; with its family's only measurement at
+    another depth, that one scaled by FLOPs per token."""
+    small = dict(vocab_size=512, max_seq_len=64, head_dim=32)
+    mhc, hc_fused, prenorm, mhc_d4 = runs = plan.plan_runs([
+        write_config(tmp_path, "mhc", hc="mhc", depth=2, **small),
+        write_config(tmp_path, "hc_fused", hc="hc", depth=2, hc_kernels='"fused"', **small),
+        write_config(tmp_path, "prenorm", hc="prenorm", depth=2, **small),
+        write_config(tmp_path, "mhc_d4", hc="mhc", depth=4, **small)])
+    committed = "docs/gpu_check.json, GPU"
+    residual, krom_d4, krom_d2, mhc_fused = measured = [
+        plan.Throughput("residual", 2, 1, 9000.0, committed, exact_only=True),
+        plan.Throughput("kromhc", 4, 4, 3000.0, committed, exact_only=True),
+        plan.Throughput("kromhc", 2, 4, 2000.0, committed, exact_only=True),
+        plan.Throughput("mhc", 2, 4, 1500.0, committed, kernels="fused", exact_only=True)]
+    h100 = plan.assumption_for("H100")
+    assert plan.find_throughput(mhc, measured, h100) == (krom_d2, "≈")  # the same depth first
+    assert plan.find_throughput(mhc_d4, measured, h100) == (krom_d4, "≈")
+    assert plan.find_throughput(hc_fused, measured, h100) == (mhc_fused, "≈")  # its backend's
+    assert plan.find_throughput(prenorm, measured, h100)[1] == "assumed"
+    text = plan.plan_table(runs, measured, 8, assumption=h100)
+    assert "≈ 2.00K from kromhc (docs/gpu_check.json, GPU)" in text and "≈ 1.50K from mhc" in text
+    assert "(partly assumed, see below)" in text.splitlines()[0]
+
+    # only D=2 measured: D=4 from it, scaled by mHC's FLOPs per token at D=2 over at D=4
+    rate, kind = plan.find_throughput(mhc_d4, [krom_d2], h100)
+    assert kind == "≈" and (rate.variant, rate.depth) == ("kromhc", 2)
+    assert rate.per_gpu == pytest.approx(2000.0 * plan.resolve(mhc).flops_per_token / mhc_d4.flops_per_token)
+    assert plan.rate_cell(rate, kind, mhc_d4).startswith(f"≈ {plan.format_count(rate.per_gpu)} from kromhc D2 (")
+
+    # no family measured: a run directory's residual number prices it as before, said to be assumed
+    run_dir = plan.Throughput("residual", 2, 1, 9000.0, "run r")
+    assert plan.find_throughput(mhc, [run_dir], h100) == (run_dir, "another")
+    assert "assumed 9.00K as residual (run r)" in plan.plan_table([mhc], [run_dir], 8, assumption=h100)
+
+    # the family is the wiring's declaration: without one, KromHC's number is not mHC's
+    monkeypatch.setattr(plan, "family_of", lambda variant: None)
+    assert plan.find_throughput(mhc, measured, h100)[1] == "assumed"
+
+
+def test_frontier_baselines_come_from_the_registry(tmp_path, monkeypatch, capsys):
+    """Each frontier run's comparison run (its SPEC baseline, an option's plain variant) and
+    residual, those not among the configs, found as speedrun's variant_config finds them."""
+    from glob import glob
+
+    from nanochat import connections
+    frontier = sorted(glob(str(plan.REPO / "configs/frontier/*.toml")))
+    paper = [f"configs/paper/d12_{v}.toml" for v in ("residual", "mhc", "mhc_lite", "kromhc")]
+    assert plan.baseline_configs(frontier) == (paper, [])  # prenorm's run is itself a frontier config
+    assert plan.read_against(plan.REPO / "configs/frontier/d12_kromhc_lss.toml") == "kromhc"  # an option
+    assert plan.read_against(plan.REPO / "configs/frontier/d12_go_mhc.toml") == "mhc"  # its SPEC baseline
+    assert plan.read_against(plan.REPO / "configs/frontier/d12_rezero.toml") == "prenorm"
+
+    # a wiring whose baseline is hc: hc's config joins the list
+    monkeypatch.setitem(connections.VARIANTS["go_mhc"].SPEC, "baseline", "hc")
+    found, _ = plan.baseline_configs(frontier)
+    assert found == [paper[0], "configs/paper/d12_hc.toml", *paper[1:]]
+    static = write_config(tmp_path, "static", hc="static_hc")  # tests/wirings: baseline hc, depth 12
+    odd = write_config(tmp_path, "odd", hc="go_mhc", depth=7)
+    assert plan.baseline_configs([static, odd]) == (
+        ["configs/paper/d12_residual.toml", "configs/paper/d12_hc.toml"], ["residual at D=7", "hc at D=7"])
+
+    plan_cli.main(["--baselines-of", static, odd])
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["configs/paper/d12_residual.toml", "configs/paper/d12_hc.toml"]
+    assert err.startswith("plan: no config for residual at D=7, hc at D=7 in configs/paper")
+    with pytest.raises(SystemExit, match="error: config .* not found"):
+        plan_cli.main(["--baselines-of", str(tmp_path / "missing.toml")])

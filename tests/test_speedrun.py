@@ -218,3 +218,42 @@ def test_without_the_task_data_speedrun_says_so_and_goes_on(tmp_path):
     assert proc.returncode == 0, out
     assert "speedrun: LM_EVAL=1 but the lm-eval task data could not be loaded (no network?)" in out
     assert "LM_EVAL=0" in out and launched == "" and not (run_dir / "failed.json").exists()
+
+
+def dry_run(tmp_path, mode, **env):
+    """`bash speedrun.sh MODE --dry-run` for 8 GPUs, without the memory estimates (test_plan.py's)."""
+    full = dict(os.environ, NANOCHAT_BASE_DIR=str(tmp_path / "base"), NPROC="8", PLAN_MEMORY="0", **env)
+    full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full["PATH"]
+    proc = subprocess.run(["bash", "speedrun.sh", mode, "--dry-run"], cwd=REPO, env=full, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tsv = (tmp_path / "base" / f"speedrun_{mode}.tsv").read_text().splitlines()
+    return proc.stdout, [line.split("\t")[0] for line in tsv]
+
+
+def test_frontier_trains_the_runs_its_runs_are_read_against(tmp_path):
+    """The frontier's configs, then what the plan derives from the registry for them
+    (scripts.plan --baselines-of), each once."""
+    from glob import glob
+
+    from nanochat import plan
+    _, configs = dry_run(tmp_path, "frontier", PLAN_GPU="H100")
+    frontier = sorted(glob("configs/frontier/*.toml", root_dir=REPO))
+    assert configs[:len(frontier)] == frontier
+    assert configs[len(frontier):] == plan.baseline_configs([os.path.join(REPO, c) for c in frontier])[0]
+    for config in frontier:  # every run's comparison is trained
+        assert plan.variant_config(plan.read_against(os.path.join(REPO, config)), 12) in configs, config
+    assert "configs/paper/d12_residual.toml" in configs and len(set(configs)) == len(configs)
+
+
+def test_the_plan_for_a_gpu_named_as_the_readme_names_it(tmp_path):
+    """PLAN_GPU=H200 (the README's name; nvidia-smi says "NVIDIA H200") prices the runs the
+    committed measurement made from it, and their unmeasured family members from KromHC's."""
+    from nanochat import plan
+    device = json.loads(plan.COMMITTED_GPU_CHECK.read_text())["env"]["device_name"]
+    out, _ = dry_run(tmp_path, "paper-d12", PLAN_GPU=device.removeprefix("NVIDIA ").lower())
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("paper_d12_")}
+    source = f"(docs/gpu_check.json, {device})"
+    assert source in rows["paper_d12_kromhc"] and "≈" not in rows["paper_d12_kromhc"]
+    for tag in ("paper_d12_hc", "paper_d12_mhc", "paper_d12_mhc_lite"):
+        assert f"from kromhc {source}" in rows[tag] and "≈" in rows[tag], rows[tag]

@@ -22,7 +22,8 @@ from nanochat.gpt import GPTConfig, build_model
 from scripts import bench, hc_report
 from scripts import report as report_cli
 from test_gpt import randomize
-from wiring_checks import assert_decode_matches, prenorm_logits
+from wiring_checks import (assert_decode_matches, assert_every_connection_parameter_gets_a_gradient, prenorm_logits,
+                           tiny, tiny_config)
 
 NAMES = list(connections.VARIANTS)
 SIZES = dict(sequence_len=32, vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, n_embd=64)
@@ -132,6 +133,12 @@ def check_checkpoint_report(run_dir, model, capsys):
     stats = json.loads((run_dir / "hc_stats.json").read_text())
     assert stats["variant"] == model.config.hc and len(stats["layers"]) == 2 * model.config.n_layer
     assert connections.label(model.config.hc) in out and "wrote" in out
+    declared = connections.spec(model.config.hc).dead_parameters(model.config)
+    for name in declared:  # named with its reason, and measured dead on this batch too
+        assert f"dead by construction: {name} " in out, name
+    assert "declared dead but learns" not in out
+    assert len(stats["liveness"]) == len(dict(model.connections.named_parameters())) + len(declared) - sum(
+        1 for name in declared if "[" not in name)  # a wholly dead parameter has no live row
     return out
 
 
@@ -141,6 +148,19 @@ def check_plan(tmp_path, name):
                       f'total_batch_size = 1024\n')
     (run,) = plan.plan_runs([str(config)])
     assert run.n == (4 if connections.spec(name).streams else 1)
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if connections.spec(name).params(tiny_config(name))])
+def test_every_connection_parameter_learns_but_what_its_wiring_declares_dead(name):
+    """A gradient well above rounding (connections/liveness.py) on every connection parameter,
+    but on the parts its SPEC declares dead, which must be rounding alone."""
+    assert_every_connection_parameter_gets_a_gradient(tiny(name))
+
+
+def test_a_wiring_registered_from_outside_is_refused_by_the_export(base, make_run, tmp_path):
+    from nanochat.hf.export import export
+    with pytest.raises(ValueError, match="registered from outside the nanochat package"):
+        export(run_of(base, make_run, "static_hc")[0], tmp_path / "export")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -181,7 +201,7 @@ def test_report_lists_every_variant_under_its_label(base, make_run, tmp_path):
         assert connections.label(name) in readme
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [name for name in NAMES if connections.in_package(name)])
 def test_hf_export_loads_with_the_same_logits(base, make_run, name):
     """Exported and loaded back through transformers (trust_remote_code: the exported copy of
     the code, not the project's modules); tests/test_hf_export.py does the same in an

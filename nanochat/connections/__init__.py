@@ -67,8 +67,8 @@ def discover():
     wirings = {name: module for name, module in modules.items() if isinstance(getattr(module, "SPEC", None), dict)}
     for name, module in external_wirings().items():
         if name in wirings:
-            raise SpecError(f"{EXTERNAL}: {module.__file__} would register hc={name!r}, which the package "
-                            "already has; rename the file")
+            raise SystemExit(f"error: {EXTERNAL}: {module.__file__} would register hc={name!r}, which the "
+                             "package already has; rename the file")
         wirings[name] = module
     return dict(sorted(wirings.items(), key=lambda item: listed_order(*item)))
 
@@ -81,20 +81,22 @@ EXTERNAL = "NANOCHAT_WIRINGS"
 
 
 def external_wirings():
-    """{name: module} of the files NANOCHAT_WIRINGS names (see above); SpecError for a file
-    that is missing or declares no SPEC."""
+    """{name: module} of the files NANOCHAT_WIRINGS names (see above). A path that is not a
+    wiring file ends the process with one `error:` line: it is read on import, before any
+    command's own error handling, and nothing can run with the registry it meant."""
     found = {}
     for path in filter(None, os.environ.get(EXTERNAL, "").split(os.pathsep)):
         name = os.path.splitext(os.path.basename(path))[0]
         if not path.endswith(".py") or not os.path.isfile(path):
-            raise SpecError(f"{EXTERNAL} names {path!r}, which is not a .py file; give the path of a wiring "
-                            "module (docs/connections.md, 'A wiring outside the package')")
+            raise SystemExit(f"error: {EXTERNAL} names {path!r}, which is not a .py file; give the path of a "
+                             "wiring module (docs/connections.md, 'A wiring outside the package')")
         module_spec = importlib.util.spec_from_file_location(f"nanochat_wirings.{name}", path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module
         module_spec.loader.exec_module(module)
         if not isinstance(getattr(module, "SPEC", None), dict):
-            raise SpecError(f"{EXTERNAL}: {path} defines no SPEC dict (docs/connections.md, 'Adding a wiring')")
+            raise SystemExit(f"error: {EXTERNAL}: {path} defines no SPEC dict (docs/connections.md, 'Adding a "
+                             "wiring')")
         found[name] = module
     return found
 

@@ -9,20 +9,29 @@ counts it as learning; so did every check before this one.
 
 The rule. A gradient g is *live* when
 
-    ||g|| > LIVE_FACTOR * eps(dtype) * scale
+    ||g|| > factor * eps(dtype) * scale
 
-with eps the unit roundoff of the dtype the gradient was accumulated in and `scale` the
-gradient norm of the wiring's connection parameters together (the tests, hc_report), or of
-the whole model (base_train, which sees the optimizer groups' norms only). Rounding makes an
-error of about eps times the size of the terms a gradient sums, which are of the order of the
-live gradients around it, so noise sits near eps * scale; a gradient the math gives is
-orders above it. Measured on the tiny models of tests/wiring_checks.py (fp32, every
-wiring): the dead parts at most 2.4e-7 of the scale (KromHC's layer-0 res columns), every
-other part at least 2.3e-4 (hc_identity's); the line, 64 * eps = 7.6e-6, sits 30x from
-both.
-Under bf16 autocast the activations round at 2^-8 while the gradients of the fp32
-connection parameters accumulate in fp32: the rule, at fp32's eps, then tells exactly-zero
-and fp32-level gradients apart from real ones, not bf16-level noise.
+with eps the unit roundoff of the dtype the gradient was accumulated in (fp32 for the fp32
+connection parameters, also under bf16 autocast), at two scales:
+
+- a part of a wiring (a parameter, or a declared slice of one): `scale` is the gradient norm
+  of the wiring's connection parameters together, factor PART_FACTOR = 64. Rounding makes an
+  error of about eps times the size of the terms a gradient sums, which are of the order of
+  the live gradients around it. Measured on the tiny models of tests/wiring_checks.py (fp32,
+  every wiring, body and connections moved off their init): the dead parts at most 2.4e-7 of
+  the scale (KromHC's layer-0 res columns), every other part at least 2.3e-4
+  (hc_identity's); the line, 64 eps = 7.6e-6, sits 30x from both.
+- the wiring as a whole (base_train's warning, hc_report's first line): `scale` is the whole
+  model's gradient norm, factor WIRING_FACTOR = 1. A wiring's own norm cannot be its scale
+  when all of it is rounding; the model's gradient sums terms of the same streams. Measured
+  after one update at nanochat's zero output projections: DAR's default start 5.5e-10 of the
+  model's norm (its uniform read of sources that sum to h only scales h, which the norm
+  undoes: a stationary point), the smallest live wiring 3.7e-6 (hc_identity in step 1 of a
+  tiny base_train run, whose LR the small batch scales down: its branches have barely left
+  zero); the line, one eps = 1.2e-7, sits 30x from both.
+
+Under bf16 autocast the activations round at 2^-8: the rule, at fp32's eps, then tells
+exactly-zero and fp32-level gradients apart from real ones, not bf16-level noise.
 
 Parameters the math makes dead are declared by their wiring (SPEC `dead`: name -> reason, a
 name optionally ending in a slice of its first or second axis, "[a:b]" or "[:, a:b]"); the
@@ -33,18 +42,19 @@ import re
 
 import torch
 
-LIVE_FACTOR = 64
+PART_FACTOR = 64
+WIRING_FACTOR = 1
 SLICE = re.compile(r"^(?P<name>[\w.]+)(\[(?P<all>:, )?(?P<start>\d+):(?P<stop>\d+)\])?$")
 
 
-def threshold(scale, dtype=torch.float32):
+def threshold(scale, factor=PART_FACTOR, dtype=torch.float32):
     """The norm a gradient must exceed to be live, for a scale and an accumulation dtype."""
-    return LIVE_FACTOR * torch.finfo(dtype).eps * scale
+    return factor * torch.finfo(dtype).eps * scale
 
 
-def live(norm, scale, dtype=torch.float32):
+def live(norm, scale, factor=PART_FACTOR, dtype=torch.float32):
     """Whether a gradient of norm `norm` is live against `scale` (see the module docstring)."""
-    return norm > threshold(scale, dtype)
+    return norm > threshold(scale, factor, dtype)
 
 
 def parse(entry):
@@ -85,12 +95,13 @@ def report(grads, declared, dtype=torch.float32):
         dead = masks.get(name, torch.zeros(g.shape, dtype=torch.bool))
         if not dead.all():
             norm = float(g[~dead].norm())
-            rows.append(dict(name=name, part="live", norm=norm, scale=scale, live=live(norm, scale, dtype), reason=None))
+            rows.append(dict(name=name, part="live", norm=norm, scale=scale, live=live(norm, scale, dtype=dtype),
+                             reason=None))
     for entry, reason in declared.items():
         name, axis, where = parse(entry)
         part = flat[name] if axis is None else flat[name].narrow(axis, where.start, where.stop - where.start)
         norm = float(part.norm())
-        rows.append(dict(name=entry, part="declared dead", norm=norm, scale=scale, live=live(norm, scale, dtype),
+        rows.append(dict(name=entry, part="declared dead", norm=norm, scale=scale, live=live(norm, scale, dtype=dtype),
                          reason=reason))
     return rows
 
@@ -101,9 +112,7 @@ def surprises(rows):
     return [r for r in rows if r["live"] != (r["part"] == "live")]
 
 
-def model_is_dead(connection_norm, total_norm, dtype=torch.float32):
-    """base_train's rule for the whole wiring: every connection parameter's gradient together
-    (None: it has none) is rounding against the whole model's."""
-    if connection_norm is None:
-        return False
-    return not live(connection_norm, total_norm, dtype)
+def wiring_is_dead(connection_norm, total_norm, dtype=torch.float32):
+    """The rule for the wiring as a whole: its connection gradient's norm (None: it has no
+    parameter) within WIRING_FACTOR roundoffs of the whole model's."""
+    return connection_norm is not None and not live(connection_norm, total_norm, WIRING_FACTOR, dtype)

@@ -45,6 +45,7 @@ SPEC = dict(
     equals_prenorm_at_init=True,
     params=lambda cfg: 2 * cfg.n_layer * (2 * cfg.hc_streams + cfg.hc_streams ** 2),
     baseline="hc",
+    order=15,  # beside HC's dynamic form
     shared_fields=("hc_streams", "hc_expand", "hc_reduce"),
     family="hc",  # the H-convention, priced from the family's measured members
     options=("hc_expand", "hc_reduce"),  # no projected pre-weights to delay, no projection to recompute
