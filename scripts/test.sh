@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up .venv (idempotent), then run pytest on the CPU.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/test_gpt.py -x`).
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/test_gpt.py -x`). `--quick` is
+# one of them: the quick tier of tests/conftest.py (QUICK), for contributors between full runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # On another torch (TORCH_VERSION=2.9.1 bash scripts/test.sh) or build (TORCH_BUILD=cuda: the

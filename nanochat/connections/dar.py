@@ -41,7 +41,10 @@ Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The mode
 h itself (no final read). With the full sources (and block_partial) the sources sum to h, so
 that mean is h / N and the sub-layer's weightless RMSNorm sees (1 + g / N) h: every gate
 starts as pre-norm in this frame, to the norm's epsilon. With the block sources a block's
-MLP reads the block's start, not h: only the zero gate starts as pre-norm there. The first
+MLP reads the block's start, not h: only the zero gate starts as pre-norm there. With the
+full sources and the zero gate (the defaults) that start is a stationary point: (1 + g / N) h
+only rescales h, so g gets rounding alone and the queries, whose gradients scale with g, none;
+base_train warns after step 1 (docs/variants.md, "Dead by construction"). The first
 sub-layer's query, gain and gate get no gradient (it reads no source), nor, with the block
 sources, the query and gain of the first block's MLP (a softmax over x0 alone); they are kept
 because the release has them and the paper counts them.
