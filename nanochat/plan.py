@@ -532,7 +532,7 @@ def family_of(variant):
     for a wiring that is a family of its own or a name this version does not register."""
     if variant not in connections.VARIANTS:
         return None
-    return getattr(connections.spec(variant), "family", None)
+    return connections.spec(variant).family
 
 
 def related(variant, other):

@@ -465,7 +465,7 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
         yield out
     base = None
     _free_memory(device)
-    hc_variants = [v for v in variants if any(connections.runs_on(v, k) for k in backends)]
+    hc_variants = [v for v in variants if set(connections.spec(v).backends) - {"torch"}]  # those with stream kernels
     layer = out["layer"]
     if hc_variants and budget.allows("kernels layer", "layer", len(backends) * len(hc_variants)):
         argv = ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),

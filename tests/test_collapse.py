@@ -135,3 +135,24 @@ def test_model_stats_hold_the_collapse_measures_per_layer_and_final(variant):
     assert stats["final"]["effective_streams"] == pytest.approx(1, abs=1e-6)
     assert stats["offdiag_mass_mean"] < 2e-3 and stats["layers"][0]["effective_streams"] == pytest.approx(1)
     assert (stats["layers"][0]["res_logit_range"] is None) == (variant == "hc_identity")
+
+
+def test_a_static_hc_whose_streams_stay_copies_reads_about_one_effective_stream():
+    """Static HC (tests/wirings/static_hc.py) gives every stream the same F from one init: after
+    20 steps its streams are still copies to within a cosine of 0.99, and they count as one
+    stream, not n."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(sequence_len=16, vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32, hc="static_hc")
+    model = build_model(cfg, "cpu")
+    batch = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.8, 0.95), weight_decay=0.0)
+    for _ in range(20):
+        loss = model(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    stats = collect_hc_stats(model, batch[:, :-1])
+    assert stats["n"] == 4 and stats["final"]["stream_cosine"] > 0.99
+    assert 1 <= stats["final"]["effective_streams"] < 1.05 and stats["effective_streams_mean"] < 1.05
+    # every stream holds energy (scaled copies): a count of energies alone reads close to 4
+    assert min(stats["final"]["energy_share"]) > 0.15

@@ -377,14 +377,19 @@ def test_cpu_without_the_interpreter_is_one_clear_error(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(hc="frac"), "no kernels for hc='frac'"),
-    (dict(hc="gated"), "no kernels for hc='gated'"),
-    (dict(hc="attnres"), "no kernels for hc='attnres'"),
+    (dict(hc="frac"), "hc_kernels='fused' does not run hc='frac'"),
+    (dict(hc="gated"), "hc_kernels='fused' does not run hc='gated'"),
+    (dict(hc="attnres"), "hc_kernels='fused' does not run hc='attnres'"),
+    (dict(hc="residual"), "hc_kernels='fused' does not run hc='residual'"),
+    (dict(hc="static_hc"), "hc_kernels='fused' does not run hc='static_hc'"),
 ])
 def test_wirings_without_seams_refuse_fused(overrides, message):
+    """What a wiring does not declare (SPEC backends) is refused at configuration, the HC
+    family members with layers of their own included; auto runs them on torch."""
     with pytest.raises(ValueError, match=message):
         GPTConfig(hc_kernels="fused", **overrides)
-    GPTConfig(hc="residual", hc_kernels="fused")  # nothing to fuse: the residual trunk runs as it is
+    assert build_model(GPTConfig(hc_kernels="auto", sequence_len=8, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2,
+                                 n_embd=32, **overrides), "cpu").connections.kernels == "torch"
 
 
 def test_missing_triton_names_the_extra(monkeypatch):

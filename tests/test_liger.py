@@ -199,7 +199,8 @@ def test_missing_install_names_the_extra(monkeypatch):
     monkeypatch.setattr(liger, "AVAILABLE", False)
     with pytest.raises(ValueError, match=r"pip install -e '\.\[kernels\]'"):
         GPTConfig(hc="kromhc", hc_kernels="liger")
-    GPTConfig(hc="residual", hc_kernels="liger")  # nothing to fuse: no install needed
+    with pytest.raises(ValueError, match="does not run hc='residual'"):  # nothing to fuse: refused, not an install
+        GPTConfig(hc="residual", hc_kernels="liger")
     assert GPTConfig(hc="kromhc", hc_kernels="auto").hc_kernels == "auto"
 
 
