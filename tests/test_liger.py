@@ -199,8 +199,10 @@ def test_missing_install_names_the_extra(monkeypatch):
     monkeypatch.setattr(liger, "AVAILABLE", False)
     with pytest.raises(ValueError, match=r"pip install -e '\.\[kernels\]'"):
         GPTConfig(hc="kromhc", hc_kernels="liger")
-    with pytest.raises(ValueError, match="does not run hc='residual'"):  # nothing to fuse: refused, not an install
-        GPTConfig(hc="residual", hc_kernels="liger")
+    # a wiring Liger cannot run is refused for that, not sent to install it
+    for hc in ("residual", "static_hc"):
+        with pytest.raises(ValueError, match=f"does not run hc='{hc}'"):
+            GPTConfig(hc=hc, hc_kernels="liger")
     assert GPTConfig(hc="kromhc", hc_kernels="auto").hc_kernels == "auto"
 
 

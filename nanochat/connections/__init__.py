@@ -319,15 +319,16 @@ def resolve_options(cfg):
 
 
 def resolve_backend(cfg):
-    """hc_kernels: a known backend, and one the wiring's SPEC `backends` declares ("auto"
-    always: it picks among them)."""
-    ops.resolve_kernels(cfg)
+    """hc_kernels: a known backend, one the wiring's SPEC `backends` declares ("auto" always:
+    it picks among them), and installed (the declaration first: a wiring that cannot run a
+    backend is not helped by installing it)."""
     declared = spec(cfg.hc)
-    if not declared.takes(cfg.hc_kernels):
+    if cfg.hc_kernels in ops.KERNELS and not declared.takes(cfg.hc_kernels):
         why = ("its layers are not the hc.HyperConnection that Liger's and the fused kernels compute; "
                if declared.kernel != "hyper_connection" else "")
         raise ValueError(f"hc_kernels={cfg.hc_kernels!r} does not run hc={cfg.hc!r} ({why}SPEC backends: "
                          f"{', '.join(declared.backends)}); use hc_kernels='torch' or 'auto'")
+    ops.resolve_kernels(cfg)
 
 
 def resolve_config(cfg):
