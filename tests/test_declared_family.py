@@ -23,6 +23,7 @@ from wiring_checks import assert_train_flag_error, random_branches, tiny_config
 
 STATIC = "static_hc"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = dict(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
 
 
 def test_the_test_wiring_is_registered_from_outside_the_package():
@@ -139,8 +140,6 @@ def test_a_wiring_claiming_hyper_connection_layers_must_build_them(monkeypatch):
     with pytest.raises(SpecError, match="declares kernel='hyper_connection' but builds StaticHCLayer layers"):
         connections.build(GPTConfig(**{**SIZES, "hc": "claims"}))
 
-
-SIZES = dict(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
 
 
 @pytest.mark.parametrize("value, message", [("no/such/file.py", "is not a .py file"),
