@@ -57,6 +57,17 @@ FIELD_HELP = {"attnres_block_size": "attnres: sub-layer modules per block (atten
                                     "Attention Residuals; 0 = ceil(2 * depth / 8), the paper's ~8 blocks: 3 at "
                                     "depth 12)"}
 FIELD_TYPES = {"attnres_block_size": nonneg_int({0: "about 8 blocks"})}
+def read_parameters(cfg, layer):
+    """The names of a layer's depth-read parameters: its query, and its key gain unless
+    hc_norm_weight is off (for SPEC dead, here and in the wirings built on this read)."""
+    return [f"layers.{layer}.read.query"] + ([f"layers.{layer}.read.gain"] if cfg.hc_norm_weight else [])
+
+
+def first_read_dead(cfg):
+    """SPEC dead of a wiring whose first sub-layer reads x0 alone: a softmax over one source."""
+    return dict.fromkeys(read_parameters(cfg, 0), "the first sub-layer reads x0 alone: a softmax over one source")
+
+
 SPEC = dict(
     label="Block AttnRes (baseline)",
     description="each sub-layer reads a softmax mix of the embedding and earlier block states (no streams, no H_res)",
@@ -71,9 +82,7 @@ SPEC = dict(
     settings=lambda cfg: block_settings(cfg.attnres_block_size, 2 * cfg.n_layer),
     order=80,
     shared_fields=("hc_norm_weight",),
-    # the first module reads the embedding alone: a softmax over one source
-    dead=lambda cfg: dict.fromkeys(["layers.0.read.query"] + (["layers.0.read.gain"] if cfg.hc_norm_weight else []),
-                                   "the first sub-layer reads x0 alone: a softmax over one source"),
+    dead=first_read_dead,  # the first module reads the embedding alone
 )
 
 

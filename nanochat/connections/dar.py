@@ -57,6 +57,8 @@ accumulates in fp32 (attnres.DepthRead) and rounds to the compute dtype, h + g r
 fp32 and rounds once more.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,8 +90,7 @@ def dead_parameters(cfg):
     """SPEC dead: the first sub-layer reads no source (x0 itself), so its read and gate get no
     gradient; with the block sources neither does the first block MLP's read (a softmax over
     x0 alone). Kept because the release has them and the paper counts them."""
-    def read(j):
-        return [f"layers.{j}.read.query"] + ([f"layers.{j}.read.gain"] if cfg.hc_norm_weight else [])
+    read = functools.partial(attnres.read_parameters, cfg)
     gate = {"none": [], "sigmoid_vector": ["layers.0.gate.weight", "layers.0.gate.bias"]}.get(cfg.dar_gate,
                                                                                             ["layers.0.gate.logit"])
     dead = dict.fromkeys(read(0) + gate, "the first sub-layer reads no source but x0: its read and gate are unused")

@@ -51,9 +51,7 @@ SPEC = dict(
     settings=lambda cfg: f"{cfg.mhar_heads} heads",
     order=130,
     shared_fields=("hc_norm_weight",),
-    # the first module reads x0 alone: a softmax over one logit
-    dead=lambda cfg: dict.fromkeys(["layers.0.read.query"] + (["layers.0.read.gain"] if cfg.hc_norm_weight else []),
-                                   "the first sub-layer reads x0 alone: a softmax over one source"),
+    dead=attnres.first_read_dead,  # the first module reads x0 alone: a softmax over one logit
 )
 
 
