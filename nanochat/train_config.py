@@ -8,7 +8,7 @@ import dataclasses
 import os
 import tomllib
 
-from nanochat import connections, preempt
+from nanochat import connections, preempt, trunks
 from nanochat.cli import (boolean, choice, existing_dir, finite_float, fraction, nonneg_float, nonneg_int,
                           positive_even_int, positive_float, positive_int)
 from nanochat.preempt import parse_signals
@@ -29,6 +29,14 @@ def device_batch(text):
 
 
 device_batch.numeric = True
+
+
+def total_batch(text):
+    """--total-batch-size: a positive integer (tokens), or auto (2026-07's rule, nanochat/trunks.py)."""
+    return device_batch(text)
+
+
+total_batch.numeric = True
 NEVER = {-1: "never"}  # the special value of the "every N steps" flags
 # The parser of a variant's own config field whose module names none (FIELD_TYPES), by the
 # type of its default; a list or another type needs one named.
@@ -66,6 +74,15 @@ FLAGS = [
      "head compiled once: faster to compile; docs/kernels.md)"),
     ("data_dir", existing_dir, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
     ("vocab_size", nonneg_int(), 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
+    # the trunk: nanochat as the paper trained it, or as it trains in July 2026 (docs/trunks.md)
+    ("trunk", choice(*trunks.TRUNKS), trunks.DEFAULT,
+     "2026-01 (nanochat 4d8dbaf, the KromHC paper's trunk) | 2026-07 (nanochat 92d63d4's recipe: smear, backout, "
+     "MuonEq, Muon+, auto batch, ClimbMix, ...); the flags marked 'by trunk' take that trunk's default"),
+    ("corpus", choice("fineweb-edu", "climbmix"), None,
+     "by trunk (2026-01: fineweb-edu, 2026-07: climbmix): the pretraining corpus, and the directory under "
+     "$NANOCHAT_BASE_DIR it is read from unless --data-dir names one"),
+    ("fp8", boolean, False, "float8 training of the large matmuls (tensorwise scales, e4m3 forward, e5m2 "
+                            "gradients; CUDA sm >= 89 only; evaluation runs in bf16): nanochat/fp8.py"),
     # model
     ("depth", positive_int(), 20, "number of transformer blocks"),
     ("aspect_ratio", positive_int(), 64, "model_dim = depth * aspect_ratio, rounded up to a multiple of head_dim"),
@@ -92,7 +109,9 @@ FLAGS = [
     ("scalar_lr", nonneg_float(), 0.5, "residual baseline, as nanochat: AdamW LR of the x0 scalars; the resid "
                                        "scalars train at scalar_lr * 0.01 (= 0.005, the paper's LR for residual "
                                        "connections; 0 freezes them)"),
-    ("x0_beta1", fraction(), 0.8, "residual baseline: AdamW beta1 of the x0 scalars (paper 0.8; nanochat's pin 0.96)"),
+    ("x0_beta1", fraction(), None,
+     "by trunk (2026-01: 0.8, the paper's; 2026-07: 0.96, nanochat's): residual baseline, AdamW beta1 of the x0 "
+     "scalars"),
     ("hc_stats_every", positive_int(NEVER), 250, "log connection diagnostics every N steps (-1 = never)"),
     ("hc_kernels", choice("torch", "liger", "fused", "auto"), "torch",
      "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; pip install -e '.[kernels]') | "
@@ -113,27 +132,37 @@ FLAGS = [
      "explicit number of steps (highest precedence; -1 = from --target-flops or --target-param-data-ratio)"),
     ("target_flops", positive_float({-1: "unused"}), -1.0,
      "compute budget: steps = flops / (flops_per_token * batch) (-1 = unused)"),
-    ("target_param_data_ratio", positive_float({-1: "unused"}), 10.5,
-     "tokens : scaling params ratio when no steps/flops are given (-1 = unused)"),
+    ("target_param_data_ratio", positive_float({-1: "unused"}), None,
+     "by trunk (2026-01: 10.5, 2026-07: 12): tokens : scaling params ratio when no steps/flops are given "
+     "(-1 = unused)"),
     # batch
     ("device_batch_size", device_batch, 32,
      "rows per rank per micro-step, or auto: on a GPU the largest power of two up to the config's value (the "
      "TOML's number, else 32) whose estimated peak memory fits the GPU with a margin (nanochat/memory.py), "
      "gradient accumulation keeping the total batch; on a CPU auto falls back to that value"),
-    ("total_batch_size", positive_int(), 524288, "tokens per optimizer step (gradient accumulation fills it)"),
+    ("total_batch_size", total_batch, None,
+     "by trunk (2026-01: 524288, 2026-07: auto): tokens per optimizer step (gradient accumulation fills it); "
+     "auto = 2^19 x (tokens / depth-12 tokens)^0.383 rounded to a power of two, as nanochat 92d63d4"),
     # optimization
     ("embedding_lr", nonneg_float(), 0.3, "AdamW LR of wte and value embeddings (x (C/768)^-0.5; 0 freezes them)"),
-    ("unembedding_lr", nonneg_float(), 0.004, "AdamW LR of lm_head (x (C/768)^-0.5; 0 freezes it)"),
+    ("unembedding_lr", nonneg_float(), None,
+     "by trunk (2026-01: 0.004, 2026-07: 0.008): AdamW LR of lm_head (x (C/768)^-0.5; 0 freezes it)"),
     ("matrix_lr", nonneg_float(), 0.02, "Muon LR (0 freezes the matrices)"),
-    ("weight_decay", nonneg_float(), 0.2, "Muon cautious weight decay at depth 12 (scaled by (12/depth)^2)"),
+    ("weight_decay", nonneg_float(), None,
+     "by trunk (2026-01: 0.2, scaled by (12/depth)^2; 2026-07: 0.28, scaled by sqrt(B/2^19) x depth-12 tokens / "
+     "tokens): Muon cautious weight decay"),
     ("warmup_ratio", fraction(), 0.0, "fraction of steps of linear LR warmup (0..1, with warmdown at most 1)"),
-    ("warmdown_ratio", fraction(), 0.4, "fraction of steps of linear LR warmdown (nanochat 4d8dbaf / paper)"),
-    ("final_lr_frac", fraction(), 0.0, "LR multiplier at the end of warmdown (0..1)"),
+    ("warmup_steps", nonneg_int(), None,
+     "by trunk (2026-01: 0, 2026-07: 40): steps of linear LR warmup; when > 0 it replaces --warmup-ratio"),
+    ("warmdown_ratio", fraction(), None,
+     "by trunk (2026-01: 0.4, 2026-07: 0.65): fraction of steps of linear LR warmdown"),
+    ("final_lr_frac", fraction(), None, "by trunk (2026-01: 0, 2026-07: 0.05): LR multiplier at the end of warmdown"),
     # evaluation and checkpoints
     ("eval_every", positive_int({-1: "only at the end", 0: "never"}), 250,
      "val bpb every N steps (-1 = only at the end, 0 = never)"),
-    ("eval_tokens", positive_int(), 20 * 524288,
-     "tokens of the val split per bpb evaluation (at most one pass: a smaller split is evaluated whole)"),
+    ("eval_tokens", positive_int(), None,
+     "by trunk (2026-01: 20 x 524288, 2026-07: 80 x 524288): tokens of the val split per bpb evaluation (at most "
+     "one pass: a smaller split is evaluated whole)"),
     ("core_metric_every", positive_int(NEVER), 2000, "CORE every N steps and at the end (-1 = never)"),
     ("core_metric_max_per_task", positive_int({-1: "all"}), 500, "examples per CORE task during training (-1 = all)"),
     ("eval_bundle", str, "", "CORE bundle directory (default: $NANOCHAT_BASE_DIR/eval_bundle, downloaded)"),
@@ -156,8 +185,9 @@ FLAGS = [
 ]
 
 FLAG_NAMES = [name for name, *_ in FLAGS]
-# A setting absent from a run's record (saved before the flag existed) ran at its default.
-FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS}
+# A setting absent from a run's record (saved before the flag existed) ran at its default, and
+# every such run ran on the 2026-01 trunk: the flags that differ by trunk default to its values.
+FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS} | trunks.FLAG_DEFAULTS[trunks.DEFAULT]
 
 # Settings that may change between a run and its resumption: they affect logging and
 # evaluation cadence only, never the trajectory of the weights.
@@ -209,6 +239,9 @@ def parse_args(argv=None):
                     raise SystemExit(f"error: {first.config}: bad value for {name}: {e}") from None
         parser.set_defaults(**values)
     args = parser.parse_args(argv)
+    for name, value in trunks.FLAG_DEFAULTS[args.trunk].items():  # what neither the CLI nor the TOML set
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     # The most --device-batch-size auto may choose: the config's own number.
     toml_batch = values.get("device_batch_size") if first.config else None
     args.device_batch_cap = toml_batch if isinstance(toml_batch, int) else FLAG_DEFAULTS["device_batch_size"]
