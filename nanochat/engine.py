@@ -158,7 +158,8 @@ class Inference:
             # kept cache is written again later, possibly outside it
             with torch.inference_mode(False):
                 cache = self._caches[key] = StaticKVCache(batch_size, cfg.n_layer, cfg.n_kv_head,
-                                                          self.model.head_dim, capacity, self.device, dtype)
+                                                          self.model.head_dim, capacity, self.device, dtype,
+                                                          smear_dim=self.model.smear_dim)
         cache.reset()
         return cache
 

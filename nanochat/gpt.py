@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from nanochat import connections
+from nanochat import connections, trunks
+from nanochat.common import compute_dtype
 
 
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
@@ -74,6 +75,11 @@ class GPTConfig:
     # (scaled_dot_product_attention, an explicit mask for windows), "auto" (flex on CUDA,
     # sdpa elsewhere). Checkpoints written before the field existed load as "auto".
     attention: str = "auto"
+    # nanochat's recipe the model follows (nanochat/trunks.py, docs/trunks.md): 2026-01 (4d8dbaf,
+    # the paper's) or 2026-07 (92d63d4: smear, backout, q/k scale, RoPE base 100,000, quarter
+    # windows, a 3 sigma value gate over 12 channels, its inits, no autocast). Checkpoints written
+    # before the field existed ran 2026-01.
+    trunk: str = trunks.DEFAULT
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -84,7 +90,37 @@ class GPTConfig:
             raise ValueError(f"window_pattern={self.window_pattern!r} must be a non-empty string of 'S' and 'L'")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention={self.attention!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+        trunks.check(self.trunk)
         connections.resolve_config(self)
+
+
+class Linear(nn.Linear):
+    """A linear layer whose fp32 master weight is cast to the input's dtype: the 2026-07 trunk's
+    dtype management without autocast (nanochat 92d63d4, gpt.py): activations carry the compute
+    dtype from the embedding on, and every matmul runs in it."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype))
+
+
+@dataclass(frozen=True)
+class TrunkShape:
+    """What the model's own layers do differently by trunk (the stream's are the wiring's)."""
+    linear: type  # the matmul layer: autocast's nn.Linear, or the casting Linear
+    ve_gate_channels: int  # the value-embedding gate reads this many channels of the input
+    ve_gate_scale: float  # gate = scale * sigmoid(W x[..., :channels])
+    qk_scale: float  # q and k are multiplied by this after their norm
+    rope_base: float
+    smear_backout: bool  # the smear of the embedding and the backout before the final norm
+
+
+TRUNK_SHAPES = {
+    "2026-01": TrunkShape(nn.Linear, 32, 2.0, 1.0, 10000.0, False),
+    "2026-07": TrunkShape(Linear, 12, 3.0, 1.2, 100000.0, True),
+}
+SMEAR_CHANNELS = 24  # the smear gate reads the first 24 channels of the normed embedding (92d63d4)
+BACKOUT_INIT = 0.2
+TRUNK_SCALAR_LR = 0.2  # the smear gate, smear and backout scalars train at this fixed AdamW LR (92d63d4)
 
 
 def norm(x):
@@ -118,11 +154,13 @@ class KVCache:
     """Keys and values of every layer for incremental decoding: (B, H_kv, T_max, D) each.
     `pos` counts the tokens already in the cache; the model advances it after a forward."""
 
-    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype):
+    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype, smear_dim=0):
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0
+        # the 2026-07 trunk's smear reads the embedding of the token before: the last one seen
+        self.prev_embedding = torch.zeros(batch_size, 1, smear_dim, device=device, dtype=dtype) if smear_dim else None
 
     def insert(self, layer_idx, k, v):
         """Store k, v (B, H_kv, T, D) at the current position; return all keys/values so far."""
@@ -145,12 +183,14 @@ class StaticKVCache:
 
     static = True
 
-    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype):
+    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype, smear_dim=0):
         shape = (batch_size, n_kv_head, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.pos = torch.zeros((), dtype=torch.long, device=device)
-        for t in (*self.k, *self.v, self.pos):
+        # the 2026-07 trunk's smear reads the embedding of the token before (KVCache's)
+        self.prev_embedding = torch.zeros(batch_size, 1, smear_dim, device=device, dtype=dtype) if smear_dim else None
+        for t in (*self.k, *self.v, self.pos, *([self.prev_embedding] if smear_dim else [])):
             # the same storage on every call: a CUDA graph reads and writes it where it is
             torch._dynamo.mark_static_address(t)
 
@@ -278,12 +318,16 @@ class CausalSelfAttention(nn.Module):
         self.sequence_len = config.sequence_len
         self.head_dim = config.n_embd // config.n_head
         C, hd = config.n_embd, self.head_dim
-        self.c_q = nn.Linear(C, self.n_head * hd, bias=False)
-        self.c_k = nn.Linear(C, self.n_kv_head * hd, bias=False)
-        self.c_v = nn.Linear(C, self.n_kv_head * hd, bias=False)
-        self.c_proj = nn.Linear(C, C, bias=False)
-        self.ve_gate_channels = 32
-        self.ve_gate = (nn.Linear(self.ve_gate_channels, self.n_kv_head, bias=False)
+        shape = TRUNK_SHAPES[config.trunk]
+        Linear = shape.linear
+        self.c_q = Linear(C, self.n_head * hd, bias=False)
+        self.c_k = Linear(C, self.n_kv_head * hd, bias=False)
+        self.c_v = Linear(C, self.n_kv_head * hd, bias=False)
+        self.c_proj = Linear(C, C, bias=False)
+        self.ve_gate_channels = shape.ve_gate_channels
+        self.ve_gate_scale = shape.ve_gate_scale
+        self.qk_scale = shape.qk_scale
+        self.ve_gate = (Linear(self.ve_gate_channels, self.n_kv_head, bias=False)
                         if has_value_embedding(layer_idx, config) else None)
 
     def forward(self, x, ve, cos_sin, window, kv_cache, key_mask=None):
@@ -296,12 +340,14 @@ class CausalSelfAttention(nn.Module):
         k = self.c_k(x_k).view(B, T, self.n_kv_head, self.head_dim)
         v = self.c_v(x_v).view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
-            # ResFormer-style value residual, gated per head in (0, 2).
-            gate = 2 * torch.sigmoid(self.ve_gate(x_v[..., :self.ve_gate_channels]))
-            v = v + gate.unsqueeze(-1) * ve.view_as(v)
+            # ResFormer-style value residual, gated per head in (0, 2) (2026-07: (0, 3)).
+            gate = self.ve_gate_scale * torch.sigmoid(self.ve_gate(x_v[..., :self.ve_gate_channels]))
+            v = v + gate.unsqueeze(-1) * ve.view_as(v).to(v.dtype)
         cos, sin = cos_sin
         q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
         q, k = norm(q), norm(k)
+        if self.qk_scale != 1.0:  # 2026-07: sharper attention, the scale split between q and k
+            q, k = q * self.qk_scale, k * self.qk_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
         gqa = self.n_kv_head != self.n_head
         flex = attention_backend(self.attention, x_q.device) == "flex"
@@ -329,8 +375,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        Linear = TRUNK_SHAPES[config.trunk].linear
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):
         # relu(h) * relu(h), not .square(): square lowers to pow, which CUDA autocast runs in
@@ -360,10 +407,17 @@ class GPT(nn.Module):
             "wte": Embedding(self.padded_vocab_size, C),
             "h": nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
         })
-        self.lm_head = nn.Linear(C, self.padded_vocab_size, bias=False)
+        self.shape = TRUNK_SHAPES[config.trunk]
+        self.lm_head = self.shape.linear(C, self.padded_vocab_size, bias=False)
         self.value_embeds = nn.ModuleDict({
             str(i): Embedding(self.padded_vocab_size, kv_dim)
             for i in range(config.n_layer) if has_value_embedding(i, config)})
+        if self.shape.smear_backout:
+            # 2026-07's trunk scalars, outside every wiring: the smear of the previous token's
+            # embedding into x0, and the backout of the mid-depth state before the final norm.
+            self.smear_gate = self.shape.linear(SMEAR_CHANNELS, 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.empty(1))
+            self.backout_lambda = nn.Parameter(torch.empty(1))
         self.connections = connections.build(config)
         self.window_sizes = self._compute_window_sizes()
         # Rotary tables cover 10x the training context so that long evaluation prompts fit.
@@ -374,12 +428,15 @@ class GPT(nn.Module):
 
     def _compute_window_sizes(self):
         pattern = self.config.window_pattern.upper()
-        full, half = self.config.sequence_len, self.config.sequence_len // 2
-        sizes = [full if pattern[i % len(pattern)] == "L" else half for i in range(self.config.n_layer)]
+        full = self.config.sequence_len
+        # 2026-01: half the context; 2026-07: a quarter, rounded up to FlashAttention-3's tile of 128
+        short = full // 2 if self.config.trunk == trunks.DEFAULT else -(-full // 4 // 128) * 128
+        sizes = [full if pattern[i % len(pattern)] == "L" else short for i in range(self.config.n_layer)]
         sizes[-1] = full  # the last layer always sees the whole context
         return sizes
 
-    def _rotary_tables(self, length, base=10000, device=None):
+    def _rotary_tables(self, length, device=None):
+        base = self.shape.rope_base
         half = self.head_dim // 2
         if torch.empty(0, device=device).is_meta:
             # only shapes on the meta device (init_weights computes the tables after the move):
@@ -395,17 +452,29 @@ class GPT(nn.Module):
         """All real initialization (construction happens on the meta device)."""
         C = self.config.n_embd
         bound = math.sqrt(3.0) / math.sqrt(C)  # uniform with std 1/sqrt(C)
-        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=1.0)
+        modern = self.shape.smear_backout
+        # 2026-07 (92d63d4): wte N(0, 0.8), c_fc at 0.4x the bound, value gates U(0, 0.02)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.8 if modern else 1.0)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.001)
         for block in self.transformer.h:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -bound, bound)
+            fc_bound = 0.4 * bound if modern else bound
+            nn.init.uniform_(block.mlp.c_fc.weight, -fc_bound, fc_bound)
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
-            if block.attn.ve_gate is not None:
-                nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init
+        if modern:  # the draws in 92d63d4's order, so that one seed gives its weights
+            nn.init.zeros_(self.smear_lambda)
+            nn.init.constant_(self.backout_lambda, BACKOUT_INIT)
+            nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
         for ve in self.value_embeds.values():
             nn.init.uniform_(ve.weight, -bound, bound)
+        for block in self.transformer.h:
+            if block.attn.ve_gate is not None:
+                if modern:
+                    nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)  # slightly above neutral
+                else:
+                    nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init
         self.connections.init_weights()
         self.connections.init_sublayers([sub for block in self.transformer.h for sub in (block.attn, block.mlp)])
         cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
@@ -417,7 +486,14 @@ class GPT(nn.Module):
             T = self.config.sequence_len
             for window in sorted({w for w in self.window_sizes if w < T}):
                 sliding_window_block_mask(T, window, self.cos.device)
-        if self.transformer.wte.weight.device.type == "cuda":
+        device_type = self.transformer.wte.weight.device.type
+        if modern:
+            # 2026-07: the tables in the compute dtype, which the activations then carry without
+            # autocast (fp16 keeps them fp32: its gradient scaler cannot unscale fp16 gradients)
+            dtype = compute_dtype(device_type)
+            if dtype not in (torch.float16, torch.float32):
+                self.cast_embeddings(dtype)
+        elif device_type == "cuda":
             # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
             # AdamW state follows); the lookups feed bf16 compute anyway.
             self.cast_embeddings(torch.bfloat16)
@@ -442,12 +518,24 @@ class GPT(nn.Module):
             "lm_head": self.lm_head.weight.numel(),
             "transformer_matrices": sum(p.numel() for p in self.transformer.h.parameters()),
             "connections": sum(p.numel() for p in self.connections.parameters()),
+            "trunk_scalars": sum(p.numel() for p in self.trunk_scalars()),
         }
         counts["total"] = sum(counts.values())
         counts["non_embedding"] = counts["total"] - counts["wte"] - counts["value_embeds"]
         actual = sum(p.numel() for p in self.parameters())
         assert counts["total"] == actual, f"parameter buckets miss parameters: {counts['total']} != {actual}"
         return counts
+
+    @property
+    def smear_dim(self):
+        """The width of the embedding a KV cache keeps for the smear (0: no smear)."""
+        return self.config.n_embd if self.shape.smear_backout else 0
+
+    def trunk_scalars(self):
+        """2026-07's smear gate, smear and backout scalars (none on 2026-01)."""
+        if not self.shape.smear_backout:
+            return []
+        return [self.smear_gate.weight, self.smear_lambda, self.backout_lambda]
 
     def num_scaling_params(self):
         """nanochat's scaling count (transformer matrices + lm_head) for ratio-based horizons."""
@@ -479,21 +567,32 @@ class GPT(nn.Module):
         group per shape. Connection parameters never reach Muon."""
         dmodel_scale = (self.config.n_embd / 768) ** -0.5
         adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0)
+        # 2026-07 (92d63d4 gpt.py setup_optimizer): its own betas and weight decays per group,
+        # the value embeddings at half the embedding LR; 2026-01: adam_betas and no decay.
+        modern = self.shape.smear_backout
+        head = dict(betas=(0.8, 0.96), weight_decay=0.01) if modern else dict(betas=adam_betas)
+        table = dict(betas=(0.8, 0.995), weight_decay=0.001) if modern else dict(betas=adam_betas)
+        values = (dict(betas=(0.8, 0.995), weight_decay=0.01, lr=0.5 * embedding_lr * dmodel_scale) if modern
+                  else dict(betas=adam_betas, lr=embedding_lr * dmodel_scale))
         groups = [
-            dict(adamw, name="lm_head", params=[self.lm_head.weight], lr=unembedding_lr * dmodel_scale, betas=adam_betas),
-            dict(adamw, name="wte", params=[self.transformer.wte.weight], lr=embedding_lr * dmodel_scale, betas=adam_betas),
+            dict(adamw, name="lm_head", params=[self.lm_head.weight], lr=unembedding_lr * dmodel_scale, **head),
+            dict(adamw, name="wte", params=[self.transformer.wte.weight], lr=embedding_lr * dmodel_scale, **table),
         ]
         if len(self.value_embeds):
-            groups.append(dict(adamw, name="value_embeds", params=list(self.value_embeds.parameters()),
-                               lr=embedding_lr * dmodel_scale, betas=adam_betas))
+            groups.append(dict(adamw, name="value_embeds", params=list(self.value_embeds.parameters()), **values))
         # replicated: the many small connection tensors travel as one flat all-reduce
         groups += [dict(adamw, replicated=True, **g)
                    for g in self.connections.param_groups(hc_lr, scalar_lr, hc_betas, x0_betas)]
+        if modern:  # a fixed LR, not scaled with the batch (92d63d4)
+            groups.append(dict(adamw, replicated=True, name="trunk_scalars", params=self.trunk_scalars(),
+                               lr=TRUNK_SCALAR_LR, betas=(0.8, 0.95)))
         matrices = list(self.transformer.h.parameters())
+        muon = trunks.MUON_OPTIONS[self.config.trunk]
         for shape in sorted({tuple(p.shape) for p in matrices}):
-            groups.append(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",
-                               params=[p for p in matrices if tuple(p.shape) == shape],
-                               lr=matrix_lr, momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay))
+            groups.append(dict(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",
+                                    params=[p for p in matrices if tuple(p.shape) == shape],
+                                    lr=matrix_lr, momentum=0.95, ns_steps=5, beta2=0.95, weight_decay=weight_decay),
+                               **muon))
         grouped = [p for g in groups for p in g["params"]]
         assert len(grouped) == len(set(map(id, grouped))) == len(list(self.parameters())), \
             "every parameter must be in exactly one optimizer group"
@@ -530,6 +629,8 @@ class GPT(nn.Module):
         # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
         # nanochat's stream), not whatever the embedding and its norm return.
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
+        if self.shape.smear_backout:
+            x0 = self.smear(x0, kv_cache, padding_mask, t0)
         # Each sub-layer keeps its input RMSNorm, unless the wiring calls it raw where its own
         # math norms elsewhere (SPEC sublayer_prenorm: post-norm, ReZero) or the trunk norms the
         # inputs itself (the fused seams: StreamConnections.norms_sublayer_inputs).
@@ -548,10 +649,42 @@ class GPT(nn.Module):
                 return block.mlp(pre(u))
 
             branches += [attn_branch, mlp_branch]
-        x = self.connections(x0, branches)
+        x = self.connections(x0, branches, backout=self.backout_lambda if self.shape.smear_backout else None)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.head(x, targets, loss_reduction)
+
+    def smear(self, e, kv_cache=None, padding_mask=None, t0=0):
+        """2026-07's smear: x_t = e_t + lambda_s sigmoid(w_s e_t[:24]) e_{t-1}, e the normed
+        embedding (unsmeared on both sides), nothing added at the first token. Through a KV
+        cache the token before a chunk's first is the cache's last; a padded row adds nothing
+        where the token before is padding."""
+        lam = self.smear_lambda.to(e.dtype)
+        if kv_cache is None and padding_mask is None:
+            # 92d63d4's training form, its operations in its order (the order in which backward
+            # sums the gradients of e: bitwise equal gradients), the first position untouched
+            g = lam * torch.sigmoid(self.smear_gate(e[:, 1:, :SMEAR_CHANNELS]))
+            return torch.cat([e[:, :1], e[:, 1:] + g * e[:, :-1]], dim=1)
+        gate = lambda x: lam * torch.sigmoid(self.smear_gate(x[..., :SMEAR_CHANNELS]))  # noqa: E731
+        if kv_cache is not None:
+            if getattr(kv_cache, "prev_embedding", None) is None:
+                raise ValueError(f"the {self.config.trunk} trunk smears each token with the one before: build the "
+                                 f"KV cache with smear_dim=model.smear_dim ({self.smear_dim})")
+            before = kv_cache.prev_embedding.clone()
+            kv_cache.prev_embedding.copy_(e[:, -1:])
+        else:
+            before = torch.zeros_like(e[:, :1])
+        prev = torch.cat([before, e[:, :-1]], dim=1)
+        g = gate(e)
+        # whether position t0 + j has a token before it: a cache that holds tokens (a tensor
+        # position for a static cache: no host sync), and with padding, a real token there
+        started = (torch.as_tensor(t0 if not getattr(kv_cache, "static", False) else kv_cache.pos, device=e.device) > 0)
+        has_prev = torch.ones(e.shape[:2], dtype=torch.bool, device=e.device)
+        has_prev[:, 0] = started
+        if padding_mask is not None:
+            before_mask = torch.cat([padding_mask[:, :1] & started, padding_mask], dim=1)[:, t0:t0 + e.size(1)]
+            has_prev = has_prev & before_mask
+        return e + (g * has_prev.unsqueeze(-1).to(g.dtype)) * prev
 
     def head(self, x, targets=None, loss_reduction="mean"):
         """The folded state (B, T, C) -> softcapped logits, or the loss against `targets`."""
@@ -630,7 +763,7 @@ class EagerSteps:
         m = self.model
         dtype = m.activation_dtype(torch.empty(0, device=m.lm_head.weight.device))
         return StaticKVCache(batch_size, m.config.n_layer, m.config.n_kv_head, m.head_dim, length,
-                             m.lm_head.weight.device, dtype)
+                             m.lm_head.weight.device, dtype, smear_dim=m.smear_dim)
 
     def step(self, ids, cache):
         return self.model(ids, kv_cache=cache)

@@ -297,3 +297,28 @@ def num_iterations_for(args, model, tokens_per_step):
         return int(args.target_param_data_ratio * model.num_scaling_params()) // tokens_per_step, \
             "--target-param-data-ratio"
     raise SystemExit("error: no horizon: give --num-iterations, --target-flops or --target-param-data-ratio")
+
+
+def scaling_params(config):
+    """nanochat's scaling count of a config, from a model on the meta device (no memory)."""
+    import torch
+
+    from nanochat.gpt import GPT
+    with torch.device("meta"):
+        return GPT(config).num_scaling_params()
+
+
+def horizon_ratio(args, config, vocab_size):
+    """This run's data:param horizon over the depth-12 reference's, which 2026-07's automatic
+    batch and weight-decay scaling compare (nanochat 92d63d4 base_train.py). Both horizons are
+    the same data:param ratio times the scaling parameters: the ratio cancels."""
+    reference = model_config_for(argparse.Namespace(**{**vars(args), "depth": trunks.REFERENCE_DEPTH}), vocab_size)
+    return scaling_params(config) / scaling_params(reference)
+
+
+def resolve_total_batch(args, config, vocab_size):
+    """--total-batch-size auto: (the batch, the log line); nanochat/trunks.py auto_total_batch."""
+    ratio = horizon_ratio(args, config, vocab_size)
+    batch = trunks.auto_total_batch(ratio)
+    return batch, (f"total batch {batch:,} tokens (--total-batch-size auto: 2^19 x {ratio:.4g}^{trunks.BATCH_EXPONENT}, "
+                   f"the horizon {ratio:.4g}x depth {trunks.REFERENCE_DEPTH}'s, to a power of two)")

@@ -34,6 +34,13 @@ FLAG_DEFAULTS = {
                     final_lr_frac=0.05, x0_beta1=0.96, eval_tokens=80 * 524288),
 }
 
+# A Muon group's options by trunk (nanochat/optim.py): 92d63d4 always runs MuonEq and Muon+
+# (no flag) and Muon's second-moment beta2 at 0.9 (gpt.py setup_optimizer).
+MUON_OPTIONS = {
+    "2026-01": {},
+    "2026-07": dict(muoneq=True, muon_plus=True, beta2=0.9),
+}
+
 # 2026-07's reference point, where its hyperparameters were tuned: depth 12 at data:param
 # ratio `target_param_data_ratio` and a total batch of 2^19 tokens (92d63d4 base_train.py).
 REFERENCE_DEPTH = 12
@@ -50,11 +57,10 @@ def check(trunk):
     return trunk
 
 
-def auto_total_batch(target_tokens, reference_tokens):
-    """2026-07's automatic total batch: 2^19 tokens at the reference horizon, scaled by the
-    horizon ratio to the power 0.383 and rounded to the nearest power of two."""
-    predicted = REFERENCE_BATCH * (target_tokens / reference_tokens) ** BATCH_EXPONENT
-    return 2 ** round(math.log2(predicted))
+def auto_total_batch(horizon_ratio):
+    """2026-07's automatic total batch: 2^19 tokens at the reference horizon, scaled by this
+    run's horizon over it (`horizon_ratio`) to the power 0.383, rounded to a power of two."""
+    return 2 ** round(math.log2(REFERENCE_BATCH * horizon_ratio ** BATCH_EXPONENT))
 
 
 def batch_lr_scale(total_batch):
@@ -62,9 +68,9 @@ def batch_lr_scale(total_batch):
     return (total_batch / REFERENCE_BATCH) ** 0.5
 
 
-def scaled_weight_decay(trunk, weight_decay, depth, total_batch, target_tokens, reference_tokens):
+def scaled_weight_decay(trunk, weight_decay, depth, total_batch, horizon_ratio):
     """The Muon weight decay in force. 2026-01: wd (12/depth)^2. 2026-07: keep B/(lr wd D)
-    constant (arXiv 2405.13698) with lr ~ sqrt(B): wd sqrt(B/2^19) (D_ref/D)."""
+    constant (arXiv 2405.13698) with lr ~ sqrt(B): wd sqrt(B/2^19) / horizon_ratio."""
     if trunk == DEFAULT:
         return weight_decay * (REFERENCE_DEPTH / depth) ** 2
-    return weight_decay * math.sqrt(total_batch / REFERENCE_BATCH) * (reference_tokens / target_tokens)
+    return weight_decay * math.sqrt(total_batch / REFERENCE_BATCH) / horizon_ratio

@@ -6,7 +6,10 @@
 
 The loop follows nanochat's base_train (commit 4d8dbaf): N+1 passes so that evaluation and
 saving happen after the last step; schedules of LR (warmup, constant, linear warmdown),
-Muon momentum (0.85 -> 0.95 over 300 steps) and Muon weight decay (linear to 0).
+Muon momentum (0.85 -> 0.95 over 300 steps) and Muon weight decay (linear to 0). On the
+2026-07 trunk (--trunk, nanochat 92d63d4): warmup by steps, momentum 0.85 -> 0.97 over 400
+steps then down to 0.90 over the warmdown, Muon weight decay cosine to 0, the total batch
+automatic, no autocast (the model's layers cast their weights: nanochat/gpt.py Linear).
 Differences that keep runs safe and exact: the checkpoint of a step is written before
 that step's evaluations (an evaluation crash never loses training), resumption is exact
 (dataloader, optimizer, RNG and loop state), and a non-finite loss stops the run.
@@ -33,7 +36,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
-from nanochat import preempt, preflight, watchdog  # noqa: E402
+from nanochat import preempt, preflight, trunks, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, fused, liger, liveness  # noqa: E402
@@ -41,7 +44,8 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.gpt import attention_backend, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
-from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml,  # noqa: E402
+from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_ratio,  # noqa: E402
+                                   resolve_total_batch,
                                    model_config_for, num_iterations_for, parse_args, settings)
 
 SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
@@ -51,8 +55,8 @@ SAMPLE_PROMPTS = ["The capital of France is", "The chemical symbol of gold is",
 
 # ----------------------------------------------------------------------------- schedules
 
-def lr_multiplier(step, num_iterations, warmup_ratio, warmdown_ratio, final_lr_frac):
-    warmup = round(warmup_ratio * num_iterations)
+def lr_multiplier(step, num_iterations, warmup_ratio, warmdown_ratio, final_lr_frac, warmup_steps=0):
+    warmup = warmup_steps if warmup_steps > 0 else round(warmup_ratio * num_iterations)
     warmdown = round(warmdown_ratio * num_iterations)
     if step < warmup:
         return (step + 1) / warmup
@@ -62,13 +66,26 @@ def lr_multiplier(step, num_iterations, warmup_ratio, warmdown_ratio, final_lr_f
     return progress + (1 - progress) * final_lr_frac
 
 
-def muon_momentum(step):
-    frac = min(step / 300, 1.0)
-    return (1 - frac) * 0.85 + frac * 0.95
+def muon_momentum(step, trunk=trunks.DEFAULT, num_iterations=None, warmdown_ratio=0.0):
+    if trunk == trunks.DEFAULT:
+        frac = min(step / 300, 1.0)
+        return (1 - frac) * 0.85 + frac * 0.95
+    # 2026-07: up to 0.97 over 400 steps, held, then down to 0.90 over the LR warmdown
+    warmdown = round(warmdown_ratio * num_iterations)
+    start = num_iterations - warmdown
+    if step < 400:
+        frac = step / 400
+        return (1 - frac) * 0.85 + frac * 0.97
+    if step >= start:
+        progress = (step - start) / warmdown
+        return 0.97 * (1 - progress) + 0.90 * progress
+    return 0.97
 
 
-def muon_weight_decay(step, num_iterations, weight_decay):
-    return weight_decay * (1 - step / num_iterations)
+def muon_weight_decay(step, num_iterations, weight_decay, trunk=trunks.DEFAULT):
+    if trunk == trunks.DEFAULT:
+        return weight_decay * (1 - step / num_iterations)
+    return weight_decay * 0.5 * (1 + math.cos(math.pi * step / num_iterations))  # 2026-07: cosine to 0
 
 
 # ----------------------------------------------------------------------------- set-up helpers
@@ -258,8 +275,10 @@ def main(argv=None):
     master = info.master
     stop = preempt.StopRequest(args.save_on_signal, announce=master)
     dtype = compute_dtype(device.type)
+    # 2026-07 has no autocast: the activations carry the compute dtype from the embedding tables
+    # on and every layer casts its weight to them (nanochat/gpt.py Linear)
     autocast = (torch.amp.autocast(device_type=device.type, dtype=dtype)
-                if dtype != torch.float32 else nullcontext())
+                if dtype != torch.float32 and args.trunk == trunks.DEFAULT else nullcontext())
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader, SplitRows, reshard_states
@@ -286,6 +305,9 @@ def main(argv=None):
         raise SystemExit(f"error: --hc-kernels {config.hc_kernels} runs Triton kernels on CUDA only, not on "
                          f"{device.type}; use --hc-kernels torch or auto")
     use_compile = args.compile if args.compile is not None else device.type == "cuda"
+    if args.total_batch_size == AUTO:
+        args.total_batch_size, batch_note = resolve_total_batch(args, config, vocab_size)
+        print0(batch_note)
     if args.device_batch_size == AUTO:
         args.device_batch_size, batch_note = choose_device_batch(args, config, device, info.world_size, use_compile)
         print0(batch_note)
@@ -334,8 +356,15 @@ def main(argv=None):
     T = args.max_seq_len
     accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
     num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
-    batch_lr_scale = (args.total_batch_size / 2**19) ** 0.5
-    weight_decay = args.weight_decay * (12 / args.depth) ** 2
+    batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
+    if args.trunk == trunks.DEFAULT:
+        weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, 1)
+        decay_rule = f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it"
+    else:
+        ratio = horizon_ratio(args, config, vocab_size)
+        weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, ratio)
+        decay_rule = (f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) / {ratio:.4g}, the horizon over "
+                      "depth 12's, as nanochat 92d63d4 scales it")
 
     print0(f"run directory: {run_dir}")
     print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "
@@ -352,8 +381,8 @@ def main(argv=None):
                                                        "connections")))
     print0(f"FLOPs per token: {flops_per_token:.3e}; steps: {num_iterations} (from {horizon_source}); "
            f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
-    print0(f"LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay in force: "
-           f"{weight_decay:.4g} (= {args.weight_decay} x (12/{args.depth})^2, as nanochat scales it)")
+    print0(f"trunk {args.trunk}; LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay "
+           f"in force: {weight_decay:.4g} (= {decay_rule})")
     print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}, "
            f"attention {attention_backend(config.attention, device)} (--attention {config.attention})")
 
@@ -600,12 +629,13 @@ def main(argv=None):
                     batch_state = train_loader.state_dict()
                 if micro < accum - 1 or step + 1 < num_iterations:
                     batch = next(train_loader)
-            lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac)
+            lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
+                                args.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * lrm
                 if group["kind"] == "muon":
-                    group["momentum"] = muon_momentum(step)
-                    group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay)
+                    group["momentum"] = muon_momentum(step, args.trunk, num_iterations, args.warmdown_ratio)
+                    group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay, args.trunk)
             optimizer.step(measure_grad_norm=True)
         except torch.cuda.OutOfMemoryError as e:
             raise SystemExit(out_of_memory(e, args, info.world_size, step, ckpt.latest_step(run_dir))) from None

@@ -201,25 +201,38 @@ class StreamConnections(nn.Module):
         self._sublayer_init = sublayer_init
         self.final_capture = None  # a dict while capture() is active: the state before reduce
 
-    def forward(self, x0, branches):
+    def forward(self, x0, branches, backout=None):
+        """The folded state (B, T, C). `backout` (the 2026-07 trunk's lambda_b): less lambda_b
+        times the wiring's own readout of its state after block floor(L/2), that is what
+        `reduce` would return had the trunk ended there (docs/variants.md, "Backout")."""
         if len(branches) != len(self.layers):
             raise ValueError(f"{len(branches)} branches for {len(self.layers)} connection layers")
-        if self.runs_fused(x0):
+        mid = self.backout_layer() if backout is not None else None
+        if self.runs_fused(x0) and mid != len(self.layers) - 1:
             # the seams between layers belong to the trunk: one kernel each (fused.py), which
             # also norms the sub-layers' inputs (the branches it is handed are raw)
-            return fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm)
+            out, kept = fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm, keep_after=mid)
+            return out if mid is None else out - backout.to(out.dtype) * self.reduce(*kept)
         X = self.expand(x0)
-        carry = None
-        for layer, branch in zip(self.layers, branches):
+        carry = kept = None
+        for j, (layer, branch) in enumerate(zip(self.layers, branches)):
             X_in = X
             X, carry = layer.step(X, branch, x0, carry)
             if self.final_capture is not None and not layer.capture:
                 # capturing, and a layer that records nothing itself: its input state. (The test on
                 # final_capture first: a compiled forward, never capturing, compares no dict.)
                 record_state(layer.capture, X_in)
+            if j == mid:
+                kept = (X, carry)
         if self.final_capture is not None:
             record_state(self.final_capture, X)
-        return self.reduce(X, carry)
+        out = self.reduce(X, carry)
+        return out if mid is None else out - backout.to(out.dtype) * self.reduce(*kept)
+
+    def backout_layer(self):
+        """The index of the layer after which the backout state is read: the end of block
+        floor(L/2), as nanochat 92d63d4 caches its stream (2 layers a block)."""
+        return 2 * (len(self.layers) // 2 // 2) + 1
 
     def runs_fused(self, x0):
         """Whether this forward runs the fused seams (hc_kernels = fused, training, not

@@ -515,22 +515,27 @@ def first_read(X):
     return e0.expand(X.shape[0], X.shape[1])
 
 
-def run(conn, x0, branches, eps, norm=False):
-    """The trunk of StreamConnections with fused seams: x0 (B, T, C) -> the reduced state.
-    `norm`: the branches are the raw sub-layers, and the seams write their inputs normed."""
+def run(conn, x0, branches, eps, norm=False, keep_after=None):
+    """The trunk of StreamConnections with fused seams: (x0 (B, T, C) -> the reduced state,
+    kept). `norm`: the branches are the raw sub-layers, and the seams write their inputs
+    normed. `keep_after` (a layer index short of the last): kept is (the state after that
+    layer (B, T, n, C), the carry then (B, T, n) or None), which the seams write anyway."""
     B, T, C = x0.shape
     layers = conn.layers
     X = conn.expand(x0).reshape(B * T, conn.n, C)
     delayed = layers[0].delayed_pre
     out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps, norm=norm)
+    kept = None
     for j, branch in enumerate(branches):
         y = branch(out.u.view(B, T, C)).reshape(B * T, C)
         post = (out.h_post, out.h_res)
         if j + 1 < len(layers):
             out = seam(X, y, post, read=out.carry, target=layers[j + 1], eps=eps, norm=norm)
             X = out.x_next
+            if j == keep_after:
+                kept = (X.view(B, T, conn.n, C), None if out.carry is None else out.carry.view(B, T, conn.n))
         else:
-            return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C)
+            return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C), kept
 
 
 def _exit(reduce, X, y, post, carry, eps):

@@ -5,6 +5,11 @@ then each sub-layer adds its output, x = x + F(x). The two scalars live on the b
 first (attention) layer; the MLP layer is a plain residual add. Init l_resid = 1,
 l_x0 = 0 (the paper's appendix; nanochat's own pin used 0.1).
 
+On the 2026-07 trunk (nanochat 92d63d4, gpt.py init_weights) the two start per block instead:
+l_resid[i] = 1.15 - 0.10 i/(L-1), l_x0[i] = 0.20 - 0.15 i/(L-1) (more of the stream and of the
+embedding early, less deep), and l_resid trains with weight decay 0.05 (toward 0, where the
+stream's scale is free to shrink).
+
 The two scalars train as nanochat trains them (4d8dbaf, nanochat/gpt.py setup_optimizer):
 in separate AdamW groups, x0 at `scalar_lr` (0.5) and resid at `scalar_lr * 0.01` (0.005,
 the paper's "LR for residual connections"). x0 is additive and tolerates a normal LR; resid
@@ -14,10 +19,12 @@ scales the whole stream, so it needs a far smaller one (nanochat's LOG, 2026-01-
 import torch
 from torch import nn
 
+from nanochat import trunks
 from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.trunk import ConnectionLayer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
+MODERN_RESID_DECAY = 0.05  # l_resid's AdamW weight decay on the 2026-07 trunk (92d63d4)
 SPEC = dict(
     label="Residual",
     description="one stream; before each block x = l_resid * x + l_x0 * x0, then x + F(x) per sub-layer",
@@ -31,9 +38,18 @@ SPEC = dict(
 )
 
 
+def start_values(block, n_layer, trunk):
+    """(l_resid, l_x0) at init for block `block`: the paper's 1 and 0, or 2026-07's per-layer ramps."""
+    if trunk == trunks.DEFAULT:
+        return 1.0, 0.0
+    depth = block / max(n_layer - 1, 1)
+    return 1.15 - 0.10 * depth, 0.20 - 0.15 * depth
+
+
 class ResidualLayer(ConnectionLayer):
-    def __init__(self, block_start):
+    def __init__(self, block_start, start=(1.0, 0.0), resid_decay=0.0):
         super().__init__()
+        self.start, self.resid_decay = start, resid_decay
         # Only where a block starts; one-element tensors so that every optimizer path
         # (sharded or replicated) sees an ordinary first dimension.
         self.l_resid = nn.Parameter(torch.empty(1)) if block_start else None
@@ -43,8 +59,8 @@ class ResidualLayer(ConnectionLayer):
     @torch.no_grad()
     def init_weights(self):
         if self.l_resid is not None:
-            self.l_resid.fill_(1.0)
-            self.l_x0.fill_(0.0)
+            self.l_resid.fill_(self.start[0])
+            self.l_x0.fill_(self.start[1])
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints written before the two scalars got separate optimizer groups packed
@@ -83,7 +99,9 @@ def resolve(cfg):
 
 
 def make_layers(cfg):
-    return [ResidualLayer(block_start=(j % 2 == 0)) for j in range(2 * cfg.n_layer)]
+    decay = 0.0 if cfg.trunk == trunks.DEFAULT else MODERN_RESID_DECAY
+    return [ResidualLayer(block_start=(j % 2 == 0), start=start_values(j // 2, cfg.n_layer, cfg.trunk),
+                          resid_decay=decay) for j in range(2 * cfg.n_layer)]
 
 
 def param_groups(layers, lrs):
@@ -91,6 +109,6 @@ def param_groups(layers, lrs):
     connections.StreamConnections.param_groups."""
     starts = [layer for layer in layers if layer.l_resid is not None]
     return [dict(name="hc_resid", params=[layer.l_resid for layer in starts],
-                 lr=lrs["scalar_lr"] * RESID_LR_FRACTION, betas=lrs["hc_betas"]),
+                 lr=lrs["scalar_lr"] * RESID_LR_FRACTION, betas=lrs["hc_betas"], weight_decay=starts[0].resid_decay),
             dict(name="hc_x0", params=[layer.l_x0 for layer in starts],
                  lr=lrs["scalar_lr"], betas=lrs["x0_betas"])]
