@@ -154,13 +154,18 @@ class KVCache:
     """Keys and values of every layer for incremental decoding: (B, H_kv, T_max, D) each.
     `pos` counts the tokens already in the cache; the model advances it after a forward."""
 
-    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype, smear_dim=0):
+    def __init__(self, batch_size, n_layer, n_kv_head, head_dim, max_len, device, dtype):
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0
-        # the 2026-07 trunk's smear reads the embedding of the token before: the last one seen
-        self.prev_embedding = torch.zeros(batch_size, 1, smear_dim, device=device, dtype=dtype) if smear_dim else None
+        self.last_embedding = None
+
+    def swap_embedding(self, last):
+        """The 2026-07 trunk's smear reads the embedding of the token before a chunk: return the
+        one kept (None before the first chunk) and keep `last` (B, 1, C)."""
+        before, self.last_embedding = self.last_embedding, last
+        return before
 
     def insert(self, layer_idx, k, v):
         """Store k, v (B, H_kv, T, D) at the current position; return all keys/values so far."""
@@ -188,9 +193,10 @@ class StaticKVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.pos = torch.zeros((), dtype=torch.long, device=device)
-        # the 2026-07 trunk's smear reads the embedding of the token before (KVCache's)
-        self.prev_embedding = torch.zeros(batch_size, 1, smear_dim, device=device, dtype=dtype) if smear_dim else None
-        for t in (*self.k, *self.v, self.pos, *([self.prev_embedding] if smear_dim else [])):
+        # the 2026-07 trunk's smear reads the embedding of the token before (KVCache.swap_embedding),
+        # kept in a buffer of its own, written in place as the keys are
+        self.last_embedding = torch.zeros(batch_size, 1, smear_dim, device=device, dtype=dtype) if smear_dim else None
+        for t in (*self.k, *self.v, self.pos, *([self.last_embedding] if smear_dim else [])):
             # the same storage on every call: a CUDA graph reads and writes it where it is
             torch._dynamo.mark_static_address(t)
 
@@ -203,6 +209,16 @@ class StaticKVCache:
     def reset(self):
         """Empty the cache for a new prompt (the old keys are masked out, not cleared)."""
         self.pos.zero_()
+
+    def swap_embedding(self, last):
+        """KVCache.swap_embedding in the fixed buffer (what it returns before the first chunk is
+        stale: the smear masks it out by the position)."""
+        if self.last_embedding is None:
+            raise ValueError("this StaticKVCache keeps no embedding for the 2026-07 trunk's smear: build it with "
+                             "smear_dim=model.smear_dim")
+        before = self.last_embedding.clone()
+        self.last_embedding.copy_(last)
+        return before
 
     def positions(self, t):
         """Positions (t,) of the t tokens being added."""
@@ -666,13 +682,8 @@ class GPT(nn.Module):
             g = lam * torch.sigmoid(self.smear_gate(e[:, 1:, :SMEAR_CHANNELS]))
             return torch.cat([e[:, :1], e[:, 1:] + g * e[:, :-1]], dim=1)
         gate = lambda x: lam * torch.sigmoid(self.smear_gate(x[..., :SMEAR_CHANNELS]))  # noqa: E731
-        if kv_cache is not None:
-            if getattr(kv_cache, "prev_embedding", None) is None:
-                raise ValueError(f"the {self.config.trunk} trunk smears each token with the one before: build the "
-                                 f"KV cache with smear_dim=model.smear_dim ({self.smear_dim})")
-            before = kv_cache.prev_embedding.clone()
-            kv_cache.prev_embedding.copy_(e[:, -1:])
-        else:
+        before = kv_cache.swap_embedding(e[:, -1:]) if kv_cache is not None else None
+        if before is None:
             before = torch.zeros_like(e[:, :1])
         prev = torch.cat([before, e[:, :-1]], dim=1)
         g = gate(e)

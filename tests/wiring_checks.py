@@ -261,8 +261,7 @@ def assert_decode_matches(model, idx, prefix=4, tol=1e-5):
     B, T = idx.shape
     with torch.no_grad():
         full = model(idx)
-        cache = KVCache(B, model.config.n_layer, model.config.n_kv_head, model.head_dim, T, "cpu", dtype,
-                        smear_dim=model.smear_dim)
+        cache = KVCache(B, model.config.n_layer, model.config.n_kv_head, model.head_dim, T, "cpu", dtype)
         steps = [model(idx[:, :prefix], kv_cache=cache)] + [model(idx[:, t:t + 1], kv_cache=cache)
                                                             for t in range(prefix, T)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=tol, atol=tol)

@@ -37,6 +37,13 @@ class CacheView:
     def insert(self, layer_idx, k, v):
         return self.cache.update(k, v, layer_idx)
 
+    def swap_embedding(self, last):
+        """The 2026-07 trunk's smear (GPT.smear): the embedding of the token before, kept on the
+        transformers cache itself, which lives across generate()'s steps as this view does not."""
+        before = getattr(self.cache, "nanochat_last_embedding", None)
+        self.cache.nanochat_last_embedding = last
+        return before
+
 
 @contextmanager
 def loaded_tensors_aside(module):
