@@ -109,3 +109,16 @@ def test_hf_export_loads_with_the_same_logits(make_run, tmp_path, base_with_toke
         ours = list(model.generate(idx[0].tolist(), 4, temperature=0))
         theirs = loaded.generate(idx, max_new_tokens=4, do_sample=False)[0, idx.size(1):].tolist()
     assert theirs == ours
+
+
+def test_each_wiring_of_the_package_says_what_its_backout_subtracts():
+    """SPEC backout: a phrase of its own (docs/variants.md lists them), shown on the model card."""
+    from nanochat.connections.spec import BACKOUT
+    from nanochat.hf.model_card import _trunk_line
+    text = open("docs/variants.md").read()
+    section = text[text.index("## Backout"):]
+    for name, spec in connections.specs().items():
+        if connections.in_package(name):
+            assert spec.backout != BACKOUT, name
+            assert f"| {spec.label} |" in section, name
+            assert spec.backout in _trunk_line(GPTConfig(**SIZES, hc=name, trunk=MODERN))

@@ -72,6 +72,7 @@ SPEC = dict(
     label="Block AttnRes (baseline)",
     description="each sub-layer reads a softmax mix of the embedding and earlier block states (no streams, no H_res)",
     source="arXiv 2603.15031",
+    backout="its final read over the block states up to block floor(L/2), the query it learned for the end",
     state="single",
     has_h_res=False,
     in_paper=False,

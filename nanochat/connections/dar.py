@@ -104,6 +104,7 @@ SPEC = dict(
     description="attention residuals added to the residual stream: each sub-layer reads h plus a gated softmax mix "
                 "of the embedding and earlier outputs (or block deltas)",
     source="arXiv 2605.18855; github.com/wdlctc/delta-attention-residuals-code",
+    backout="the state after block floor(L/2) (its readout is the state itself)",
     state="single",
     has_h_res=False,
     in_paper=False,

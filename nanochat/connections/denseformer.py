@@ -98,6 +98,7 @@ SPEC = dict(
     label="DenseFormer",
     description="after every block, a learned depth-weighted average of the embedding and every block output so far",
     source="arXiv 2402.02622",
+    backout="the state after block floor(L/2): the weighted average of earlier block outputs that block's end computes",
     state="single",
     has_h_res=False,
     in_paper=False,

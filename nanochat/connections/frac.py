@@ -51,6 +51,7 @@ SPEC = dict(
     label="Frac-Connections",
     description="the hidden state split into m fractions (--hc-streams m), mixed by dynamic per-fraction weights",
     source="arXiv 2503.14125",
+    backout="the hidden state after block floor(L/2), its m fractions side by side (the readout is that view)",
     state="streams",
     has_h_res=True,  # A^T, an m x m matrix
     in_paper=False,

@@ -61,6 +61,7 @@ SPEC = dict(
     description="n streams with an identity carry, a per-channel sigmoid read gate (low rank), a per-stream "
                 "write gate, grouped RMSNorm and a final mixer (Qwen3.8-Flash-Next)",
     source="Hugging Face transformers, models/qwen4_exp (Qwen4ExpTextGatedResidual); arXiv 2608.30320",
+    backout="its gated final read of the streams after block floor(L/2): the mixer's weights from those streams",
     state="streams",
     has_h_res=True,  # the identity, as hc_identity's
     in_paper=False,

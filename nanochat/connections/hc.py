@@ -111,7 +111,10 @@ def exact_rows_dead(cfg):
 # says (dead_parameters).
 LAYER_SPEC = dict(state="streams", has_h_res=True, family="hc", kernel="hyper_connection",
                   backends=("torch", "liger", "fused"), options=("hc_expand", "hc_reduce", "hc_pre", "hc_recompute"),
-                  dead=dead_parameters, shared_fields=FAMILY_FIELDS)
+                  dead=dead_parameters, shared_fields=FAMILY_FIELDS,
+                  backout="the readout of the streams after block floor(L/2): their sum, the learned head's "
+                          "fold of them (hc_reduce learned), or their fold by the pre-weights that block computed "
+                          "(hc_pre delayed)")
 # ... and what the variants that keep the family's init and counts share besides: the
 # parameter and stream-pass counts (diagnostics.py).
 FAMILY_SPEC = dict(LAYER_SPEC, equals_prenorm_at_init=False, params=config_params, stream_flops=config_stream_flops)

@@ -51,6 +51,7 @@ SPEC = dict(
     label="LAuReL",
     description="learned weights on branch and residual (RW), a low-rank residual term (LR), or both, per sub-layer",
     source="arXiv 2411.07501",
+    backout="the stream after block floor(L/2)",
     state="single",
     has_h_res=False,
     in_paper=False,

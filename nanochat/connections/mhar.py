@@ -42,6 +42,7 @@ SPEC = dict(
     description="multi-head attention residuals: each sub-layer reads a per-head softmax mix of the embedding and "
                 "every earlier sub-layer output",
     source="arXiv 2607.27230",
+    backout="its final multi-head read over the sources up to block floor(L/2)",
     state="single",
     has_h_res=False,
     in_paper=False,

@@ -167,6 +167,7 @@ SPEC = dict(
     description="after every block, per-token mixes of all block outputs give the next block's query, key, value "
                 "and residual states",
     source="arXiv 2502.12170",
+    backout="the state after block floor(L/2): that block end's dynamic mix of the earlier block outputs",
     state="single",
     has_h_res=False,
     in_paper=False,

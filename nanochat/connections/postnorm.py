@@ -31,6 +31,7 @@ SPEC = dict(
     description="the original Transformer's residual h = RMSNorm(h + F(h)), each sub-layer called without its "
                 "input norm",
     source="arXiv 1706.03762; github.com/wdlctc/hyper-connection-factory (postnorm)",
+    backout="the stream after block floor(L/2), already normed by that block's post-norm",
     state="single",
     has_h_res=False,
     in_paper=False,

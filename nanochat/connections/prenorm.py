@@ -14,6 +14,7 @@ SPEC = dict(
     label="Pre-norm",
     description="the plain pre-norm residual x = x + F(norm(x)), without nanochat's scalars or x0 path",
     source="arXiv 2002.04745 (pre-LN); github.com/wdlctc/hyper-connection-factory (its reference row)",
+    backout="the stream after block floor(L/2)",
     state="single",
     has_h_res=False,
     in_paper=False,

@@ -29,6 +29,7 @@ SPEC = dict(
     label="Residual",
     description="one stream; before each block x = l_resid * x + l_x0 * x0, then x + F(x) per sub-layer",
     source="nanochat",
+    backout="the stream after block floor(L/2), nanochat 92d63d4's own choice",
     state="single",
     has_h_res=True,  # a 1 x 1 H_res, the effective stream scale l_resid
     in_paper=True,

@@ -33,6 +33,7 @@ SPEC = dict(
     label="ReZero",
     description="h = h + alpha F(h) per sub-layer with a learned scalar alpha from 0 and no norm before the sub-layer",
     source="arXiv 2003.04887",
+    backout="the stream after block floor(L/2)",
     state="single",
     has_h_res=False,
     in_paper=False,

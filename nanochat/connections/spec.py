@@ -64,6 +64,10 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
                             end in "[a:b]", a slice of the first axis, or "[:, a:b]", of the
                             second); the gradient checks, the dead-connection warning and
                             hc_report name them rather than count them as learning
+    backout=BACKOUT         what the 2026-07 trunk's backout subtracts for it (one phrase, for
+                            docs/variants.md, hc_report and the model card): always the wiring's
+                            own readout (`reduce`) of its state and carry after block floor(L/2),
+                            which StreamConnections computes; the phrase says what that is here
 
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
@@ -85,6 +89,8 @@ BACKENDS = ("torch", "liger", "fused")
 # The frame's stream options (GPTConfig fields), each with the value a wiring that does not
 # take it must leave it at: the HC options' first choices and no recompute.
 OPTIONS = {"hc_expand": "copy", "hc_reduce": "sum", "hc_pre": "current", "hc_recompute": False}
+# The backout state of a wiring that does not say more (SPEC backout).
+BACKOUT = "its readout of the state after block floor(L/2)"
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class Spec:
     backends: tuple = ("torch",)
     options: tuple = ()
     dead: Callable | None = None
+    backout: str = BACKOUT
 
     @property
     def streams(self):
@@ -207,5 +214,8 @@ def check_declaration(where, raw):
     if "hc_pre" in options and kernel != "hyper_connection":
         raise SpecError(f"{where}: SPEC option hc_pre (delayed pre-weights) carries hc.HyperConnection's "
                         "projected pre-weights; declare kernel='hyper_connection' or drop it")
+    if not isinstance(raw.get("backout", BACKOUT), str) or not raw.get("backout", BACKOUT).strip():
+        raise SpecError(f"{where}: SPEC backout must be a phrase naming the state the 2026-07 trunk's backout "
+                        "subtracts (its readout after block floor(L/2))")
     if raw.get("dead") is not None and not callable(raw["dead"]):
         raise SpecError(f"{where}: SPEC dead must be a function cfg -> {{parameter name: reason}}")

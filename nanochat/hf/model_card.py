@@ -7,7 +7,7 @@ Every number comes from the run directory (read with the report's own readers); 
 file holds is shown as a dash, never guessed.
 """
 
-from nanochat import connections
+from nanochat import connections, trunks
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import core_score, load_run, train_loss, val_bpb
 
@@ -23,6 +23,14 @@ def _variant_line(config):
     if spec.settings:
         line += f"{',' if spec.streams else ''} {spec.settings(config)}"
     return line + f" ({spec.label}, {spec.source}: {spec.description})"
+
+
+def _trunk_line(config):
+    """Which nanochat recipe the model follows; on 2026-07, what its backout subtracts."""
+    if config.trunk == trunks.DEFAULT:
+        return f"`{config.trunk}` (nanochat 4d8dbaf, the KromHC paper's)"
+    return (f"`{config.trunk}` (nanochat 92d63d4: smear, backout, ...); the backout subtracts "
+            f"{connections.spec(config.hc).backout}")
 
 
 def without_other_wirings(config_toml, hc):
@@ -82,6 +90,7 @@ def model_card(run_dir, config, exported_step, counts, tokens_per_step, repo_nam
         ("residual connection", _variant_line(config)),
         ("connection settings", ", ".join(f"`{name}={value}`" for name, value in connections.own_settings(config).items())
          or "none (the wiring has no settings)"),
+        ("trunk", _trunk_line(config)),
         ("layers / width / heads", f"{config.n_layer} / {config.n_embd} / {config.n_head} ({config.n_kv_head} kv)"),
         ("value embeddings", "on (alternating layers)" if config.value_embeds else "off"),
         ("parameters", f"{counts['total']:,} total, {counts['non_embedding']:,} non-embedding, "
