@@ -1,0 +1,71 @@
+"""The 2026-07 trunk through the real CLI: a run killed and resumed equals the straight one
+bitwise, the log names the trunk, a resume on the other trunk is refused with one line; and
+its rules that set the run's size (automatic batch, weight decay, schedules) as nanochat 92d63d4
+states them."""
+
+import math
+
+import pytest
+
+from nanochat import trunks
+from nanochat.train_config import model_config_for, parse_args, resolve_total_batch
+from scripts.base_train import lr_multiplier, muon_momentum, muon_weight_decay
+from test_train_e2e import base, kill_resume_and_compare, train  # noqa: F401  (base: the fixture)
+
+MODERN = ["--trunk", "2026-07", "--corpus", "fineweb-edu"]  # the tests' corpus is in base_data
+
+
+@pytest.mark.slow
+def test_a_2026_07_run_resumes_bitwise_and_keeps_its_trunk(base):  # noqa: F811
+    kill_resume_and_compare(base, [*MODERN, "--hc", "kromhc", "--num-iterations", "8", "--save-every", "2"])
+    proc = train(base, "--num-iterations", "8", "--model-tag", "straight", "--resume", "true", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "trained on the 2026-07 trunk, not 2026-01: resume it with --trunk 2026-07" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("depth, batch", [(12, 2 ** 19), (24, 2 ** 20), (26, 2 ** 20), (8, 2 ** 18)])
+def test_the_automatic_batch_is_nanochats(depth, batch):
+    """2^19 at depth 12 and 1M tokens at depth 26 (NANOCHAT_2026's record 3); depth 8 and 24 by
+    the rule: B = 2^round(log2(2^19 (N/N_12)^0.383)), N the scaling parameters."""
+    args = parse_args(["--trunk", "2026-07", "--depth", str(depth)])
+    assert args.total_batch_size == "auto"
+    got, line = resolve_total_batch(args, model_config_for(args, 32768), 32768)
+    assert got == batch and "auto" in line
+
+
+def test_an_explicit_batch_wins_over_the_trunks_auto():
+    assert parse_args(["--trunk", "2026-07", "--total-batch-size", "1024"]).total_batch_size == 1024
+
+
+def test_weight_decay_follows_the_batch_and_the_horizon():
+    """lambda = lambda_ref sqrt(B / 2^19) (D_12 / D): at depth 12 and 2^19, unchanged."""
+    assert trunks.scaled_weight_decay("2026-07", 0.28, 12, 2 ** 19, 1.0) == pytest.approx(0.28)
+    assert trunks.scaled_weight_decay("2026-07", 0.28, 24, 2 ** 20, 4.0) == pytest.approx(0.28 * math.sqrt(2) / 4)
+    assert trunks.scaled_weight_decay("2026-01", 0.2, 24, 2 ** 20, 4.0) == pytest.approx(0.05)
+
+
+def test_the_2026_07_schedules():
+    n, warmdown = 2000, 0.65  # the warmdown starts at step 700, after the 400-step momentum ramp
+    start = n - round(warmdown * n)
+    assert lr_multiplier(0, n, 0.0, warmdown, 0.05, warmup_steps=40) == pytest.approx(1 / 40)
+    assert lr_multiplier(39, n, 0.0, warmdown, 0.05, warmup_steps=40) == 1.0
+    assert lr_multiplier(start, n, 0.0, warmdown, 0.05, warmup_steps=40) == 1.0
+    assert lr_multiplier(n, n, 0.0, warmdown, 0.05, warmup_steps=40) == pytest.approx(0.05)
+    assert muon_momentum(0, "2026-07", n, warmdown) == 0.85
+    assert muon_momentum(200, "2026-07", n, warmdown) == pytest.approx(0.91)
+    assert muon_momentum(start - 1, "2026-07", n, warmdown) == 0.97
+    assert muon_momentum(n, "2026-07", n, warmdown) == pytest.approx(0.90)
+    assert muon_momentum(300, "2026-01") == 0.95  # the paper trunk's: 0.85 -> 0.95 over 300 steps
+    assert muon_weight_decay(0, n, 0.2, "2026-07") == 0.2
+    assert muon_weight_decay(n // 2, n, 0.2, "2026-07") == pytest.approx(0.1)
+    assert muon_weight_decay(n, n, 0.2, "2026-07") == pytest.approx(0.0, abs=1e-12)
+    assert muon_weight_decay(n // 2, n, 0.2, "2026-01") == pytest.approx(0.1)  # linear there
+
+
+def test_the_trunks_defaults_and_an_explicit_flag():
+    old, new = parse_args([]), parse_args(["--trunk", "2026-07"])
+    for name, value in trunks.FLAG_DEFAULTS["2026-01"].items():
+        assert getattr(old, name) == value, name
+    for name, value in trunks.FLAG_DEFAULTS["2026-07"].items():
+        assert getattr(new, name) == value, name
+    assert parse_args(["--trunk", "2026-07", "--warmdown-ratio", "0.3"]).warmdown_ratio == 0.3
