@@ -163,6 +163,16 @@ def check_resume_settings(saved, current):
                          f"config.toml, or start a new run under another --model-tag")
 
 
+def check_resume_trunk(meta, trunk, run_dir):
+    """A run keeps the trunk it started on (its checkpoint's model config records it; one
+    written before the field existed ran 2026-01): the other trunk's model has other parameters
+    and its optimizer other groups."""
+    saved = meta["model_config"].get("trunk", trunks.DEFAULT)
+    if saved != trunk:
+        raise SystemExit(f"error: {run_dir} trained on the {saved} trunk, not {trunk}: resume it with --trunk {saved}, "
+                         f"or train the {trunk} trunk under another --model-tag")
+
+
 def check_resume_groups(saved, variant):
     """Residual runs saved before x0 and resid got nanochat's separate LRs hold one optimizer
     group for both; that state cannot continue under two groups."""
@@ -329,6 +339,7 @@ def main(argv=None):
             print0(f"--resume: no complete checkpoint in {run_dir}; starting from scratch")
         else:
             resume_meta = ckpt.load_meta(run_dir, step)
+            check_resume_trunk(resume_meta, args.trunk, run_dir)
             check_resume_settings(resume_meta["settings"], values)
             check_resume_groups(resume_meta["settings"], config.hc)
             if resume_meta["model_config"]["vocab_size"] != vocab_size:
