@@ -230,6 +230,9 @@ MODEL_CASES = [
     dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"), dict(hc="kromhc", hc_streams=8, hc_alpha_shared=False),
     dict(hc="mhc_lite", hc_norm_weight=False), dict(hc="kromhc", hc_streams=6, hc_pre="delayed", hc_expand="lss"),
     dict(hc="hc_identity", hc_streams=3),
+    # the 2026-07 trunk: the backout reads the stream a seam wrote after block 1 of 3, and its
+    # carried pre-weights
+    dict(hc="kromhc", trunk="2026-07", n_layer=3), dict(hc="mhc", hc_pre="delayed", trunk="2026-07", n_layer=3),
 ]
 
 

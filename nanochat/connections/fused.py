@@ -530,10 +530,12 @@ def run(conn, x0, branches, eps, norm=False, keep_after=None):
         y = branch(out.u.view(B, T, C)).reshape(B * T, C)
         post = (out.h_post, out.h_res)
         if j + 1 < len(layers):
-            out = seam(X, y, post, read=out.carry, target=layers[j + 1], eps=eps, norm=norm)
+            # delayed: the pre-weights layer j computed, which read X_{j+1}: the torch path's carry after layer j
+            carry = out.carry
+            out = seam(X, y, post, read=carry, target=layers[j + 1], eps=eps, norm=norm)
             X = out.x_next
             if j == keep_after:
-                kept = (X.view(B, T, conn.n, C), None if out.carry is None else out.carry.view(B, T, conn.n))
+                kept = (X.view(B, T, conn.n, C), None if carry is None else carry.view(B, T, conn.n))
         else:
             return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C), kept
 
