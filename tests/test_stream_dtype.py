@@ -68,6 +68,19 @@ def test_the_state_stays_bf16_under_autocast(case):
     assert seen == [torch.bfloat16] * len(seen)
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_the_state_stays_bf16_without_autocast_on_the_2026_07_trunk(case, monkeypatch):
+    """2026-07 has no autocast: bf16 tables (its compute dtype) and layers that cast their weights;
+    every wiring's state stays bf16 all the same (no fp32 parameter promotes it)."""
+    monkeypatch.setenv("NANOCHAT_DTYPE", "bfloat16")
+    model = tiny(**case, trunk="2026-07")
+    assert model.transformer.wte.weight.dtype == torch.bfloat16
+    idx = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    seen, logits = state_dtypes(model, idx)
+    assert seen == [torch.bfloat16] * (2 * model.config.n_layer + 2)  # the reduce twice: the end, the backout
+    assert logits.dtype == torch.float32  # the softcap and the loss in fp32, as 92d63d4's .float()
+
+
 def nanochats_forward(model, idx):
     """nanochat's GPT.forward at the paper's commit, transcribed: x0 = norm(wte(idx)), then
     before block i x = resid_lambdas[i] * x + x0_lambdas[i] * x0 with (n_layer,) lambdas
