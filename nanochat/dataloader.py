@@ -6,6 +6,11 @@ Each row of a batch holds T+1 tokens built from whole documents, each starting w
 shortest one is cropped to fill the row exactly (its remainder is dropped). So every row
 starts with BOS and there is no padding. x = row[:-1], y = row[1:].
 
+The buffer is topped up to `buffer_size` documents one document at a time; with
+`batch_refill` one tokenizer batch at a time instead, so that it may hold up to a batch
+minus one more: nanochat's own loader (92d63d4 as at 4d8dbaf) refills that way, and the
+2026-07 trunk does too, so that its batches are nanochat's (tests/test_dataloader_2026.py).
+
 Rank r of W reads row groups r, r+W, r+2W, ... of every file of the split, in file order;
 after the last file it starts again at file 0 with the next epoch. With an `order_seed`, each
 rank reads its row groups in an order shuffled by that seed instead (the same order every
@@ -182,7 +187,7 @@ class BestFitLoader:
 
     def __init__(self, tokenizer, B, T, split, device="cpu", rank=0, world_size=1, data_dir=None, state=None,
                  buffer_size=BUFFER_SIZE, tokenizer_threads=4, tokenizer_batch_size=128, order_seed=None,
-                 epochs=None):
+                 epochs=None, batch_refill=False):
         if B <= 0 or T <= 0 or buffer_size <= 0 or tokenizer_batch_size <= 0:
             raise ValueError(f"B, T, buffer_size and tokenizer_batch_size must be positive "
                              f"(got {B}, {T}, {buffer_size}, {tokenizer_batch_size})")
@@ -198,6 +203,7 @@ class BestFitLoader:
         self.files = [os.path.basename(p) for p in self.paths]
         self.row_groups = _row_groups(self.paths)
         self.order_seed = order_seed
+        self.batch_refill = batch_refill
         # This rank's row groups in reading order, as (file index, row group index).
         self.plan = _plan(self.row_groups, rank, world_size, order_seed)
         self.buffer_size = _buffer_size(self.row_groups, self.plan, buffer_size)
@@ -302,6 +308,8 @@ class BestFitLoader:
             while pos < width:
                 while len(self._docs) < self.buffer_size and not self._ended:
                     self._pull()
+                    while self.batch_refill and self._pending:  # the rest of that tokenizer batch
+                        self._pull()
                 if not self._docs:
                     break
                 ids = self._take(width - pos)
@@ -360,6 +368,8 @@ class BestFitLoader:
             "buffer": [[f, rg, doc] for f, rg, doc, _ in self._docs.values()],  # oldest first
             "stats": dict(self.stats),
         }
+        if self.batch_refill:  # (absent from the states of a loader refilled by document)
+            state["batch_refill"] = True
         if self._resumed is not None and self.epoch <= self._resumed[0]:
             state["resumed"] = {"epoch": self._resumed[0], "read": self._resumed[2]}
         return state
@@ -371,6 +381,9 @@ class BestFitLoader:
             if state.get(key) != value:
                 raise ValueError(f"dataloader state has {key}={state.get(key)!r} but this loader has {value!r}: "
                                  "resume with the same split, rank, world size, buffer size and tokenizer")
+        if state.get("batch_refill", False) != self.batch_refill:
+            raise ValueError(f"dataloader state has batch_refill={state.get('batch_refill', False)} but this loader "
+                             f"has {self.batch_refill}: resume on the trunk the run started on")
         _check_files(self.split, state["files"], self.files)
         self.epoch = state["epoch"]
         self.stats = dict(state["stats"])
@@ -449,6 +462,7 @@ def reshard_states(states, world_size, data_dir=None, order_seed=None, buffer_si
             "buffer": [ref for s in mine for ref in s["buffer"]],
             "stats": {k: sum(s["stats"][k] for s in mine) for k in first["stats"]},
             "resumed": {"epoch": epoch, "read": _encode_read(read, row_groups)},
+            **({"batch_refill": True} if first.get("batch_refill") else {}),
         })
     summary = {"epoch": epoch, "row_groups": sum(map(len, row_groups)), "read": len(read),
                "partial": partial, "skipped_docs": skipped_docs, "behind": behind,
@@ -463,9 +477,10 @@ class SplitRows:
     left without rows (a split smaller than the ranks) adds nothing. `total` rows in all;
     `exhausted` when the split ended before max_rows."""
 
-    def __init__(self, tokenizer, T, split, max_rows, rank=0, world_size=1, data_dir=None):
+    def __init__(self, tokenizer, T, split, max_rows, rank=0, world_size=1, data_dir=None, batch_refill=False):
         self.bos, rows = tokenizer.get_bos_token_id(), []
-        with BestFitLoader(tokenizer, min(max_rows, 64), T, split, data_dir=data_dir, epochs=1) as loader:
+        with BestFitLoader(tokenizer, min(max_rows, 64), T, split, data_dir=data_dir, epochs=1,
+                           batch_refill=batch_refill) as loader:
             for x, y in loader:
                 packed = np.concatenate([x[:, :1].numpy(), y.numpy()], axis=1).astype(np.int32)
                 rows += [row for row in packed if (row[1:] >= 0).any()]  # drop the padding rows of the end

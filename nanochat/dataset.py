@@ -1,10 +1,14 @@
 """The data CLI: fill a data directory with shards (the work is in nanochat/data/).
 
-python -m nanochat.dataset -n N [-w W] [--base-url URL] [--data-dir DIR]       FineWeb-Edu
-python -m nanochat.dataset --offline | --offline-fallback -n N | --from-text PATH...
+python -m nanochat.dataset [--corpus fineweb-edu|climbmix] -n N [-w W] [--base-url URL] [--data-dir DIR]
+python -m nanochat.dataset [--corpus C] --offline | --offline-fallback -n N | --from-text PATH...
 python -m nanochat.dataset --from-hf NAME [--hf-config C] [--hf-split S] [--hf-data-files P...]
        [--text-column text] [--max-docs N | --max-chars N] [--shard-docs D] [--val-docs V]
        [--shuffle-seed S [--shuffle-buffer B]] [--data-dir DIR]                 any `datasets` source
+
+--corpus picks the corpus downloaded (FineWeb-Edu, the 2026-01 trunk's, by default; ClimbMix,
+the 2026-07 trunk's) and the default directory of every mode: $NANOCHAT_BASE_DIR/base_data or
+base_data_climbmix, where a run with that --corpus and no --data-dir reads.
 """
 
 import argparse
@@ -12,44 +16,54 @@ import os
 
 from nanochat.cli import int_at_least, int_in, nonneg_int, positive_int, run
 from nanochat.data import hf
-from nanochat.data.fineweb import BASE_URL, download, source_reachable, source_url, wanted_shards
+from nanochat.data.download import download, source_reachable, source_url, wanted_shards
 from nanochat.data.local import build_offline_corpus, build_text_corpus
-from nanochat.data.shards import MAX_SHARD, DatasetError, data_dir as _data_dir, read_marker, shard_name, shards_in
+from nanochat.data.shards import (CORPORA, DEFAULT_CORPUS, SOURCES, DatasetError, data_dir as _data_dir, read_marker,
+                                  shard_name, shards_in)
 
 HF_FLAGS = ("hf_config", "hf_split", "hf_data_files", "hf_revision", "text_column", "max_docs", "max_chars",
             "shard_docs", "val_docs", "shuffle_seed", "shuffle_buffer")
 
 
-def offline_fallback(num_files, data_dir=None, workers=4, base_url=None):
-    """Real shards when the source answers, the offline corpus when it does not. A
-    directory that already holds a local corpus, or every requested shard, is used as is."""
-    directory = _data_dir(data_dir)
+def offline_fallback(num_files, data_dir=None, workers=4, base_url=None, corpus=DEFAULT_CORPUS):
+    """Real shards of `corpus` when its source answers, the offline corpus when it does not.
+    A directory that already holds a local corpus, or every requested shard, is used as is."""
+    directory, title, url = _data_dir(data_dir, corpus), SOURCES[corpus].title, source_url(base_url, corpus)
     marker = read_marker(directory)
     if marker is not None and marker.get("source") in ("offline", "text", hf.SOURCE):
-        print(f"Using the {marker['source']} corpus already in {directory} (delete it to download FineWeb-Edu)")
+        print(f"Using the {marker['source']} corpus already in {directory} (delete it to download {title})")
         return
     present = shards_in(directory)
-    if set(map(shard_name, wanted_shards(num_files))) <= set(present) or source_reachable(base_url):
-        download(num_files, directory, workers=workers, base_url=base_url)  # no request when all are present
+    wanted = set(map(shard_name, wanted_shards(num_files, corpus)))
+    if wanted <= set(present) or source_reachable(base_url, corpus=corpus):
+        download(num_files, directory, workers=workers, base_url=base_url, corpus=corpus)  # no request if all present
         return
     if present:
-        raise DatasetError(f"{source_url(base_url)} is unreachable and {directory} holds only part of the "
-                           "requested FineWeb-Edu shards: retry with network, or use --offline with another --data-dir")
-    print(f"{source_url(base_url)} is unreachable: building the offline corpus instead", flush=True)
+        raise DatasetError(f"{url} is unreachable and {directory} holds only part of the requested {title} shards: "
+                           "retry with network, or use --offline with another --data-dir")
+    print(f"{url} is unreachable: building the offline corpus instead", flush=True)
     build_offline_corpus(directory)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m nanochat.dataset",
-        description="Download FineWeb-Edu shards (train 0..N-1 plus the pinned val shard 01822), or build a "
-                    "corpus in the same format from local text or from any Hugging Face `datasets` source.")
-    parser.add_argument("-n", "--num-files", type=int_in(1, MAX_SHARD, {0: "only the val shard", -1: "all of them"}), default=-1,
-                        help=f"FineWeb-Edu train shards to download, 1..{MAX_SHARD}; 0 means only the val shard "
-                             "(which always comes too), -1 means all of them (default)")
+        description="Download FineWeb-Edu or ClimbMix shards (train 0..N-1 plus the corpus's pinned val shard, "
+                    "01822 or 06542), or build a corpus in the same format from local text or from any Hugging Face "
+                    "`datasets` source.")
+    largest = max(source.max_shard for source in SOURCES.values())
+    parser.add_argument("--corpus", choices=CORPORA, default=DEFAULT_CORPUS,
+                        help="the corpus to download, and whose default directory every mode fills "
+                             "(default fineweb-edu: base_data; climbmix: base_data_climbmix)")
+    parser.add_argument("-n", "--num-files", type=int_in(1, largest, {0: "only the val shard", -1: "all of them"}),
+                        default=-1, help=", ".join(f"{s.title} has 1..{s.max_shard}" for s in SOURCES.values())
+                        + " train shards; 0 means only the val shard (which always comes too), -1 means all "
+                          "of them (default)")
     parser.add_argument("-w", "--num-workers", type=positive_int(), default=4, help="parallel downloads (>= 1)")
-    parser.add_argument("--base-url", default=None, help=f"shard source (default $NANOCHAT_DATA_URL or {BASE_URL})")
-    parser.add_argument("--data-dir", default=None, help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+    parser.add_argument("--base-url", default=None,
+                        help="shard source (default $NANOCHAT_DATA_URL, else the corpus's own on Hugging Face)")
+    parser.add_argument("--data-dir", default=None,
+                        help="shard directory (default the corpus's: $NANOCHAT_BASE_DIR/base_data or base_data_climbmix)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true",
                       help="build the offline corpus from the Python installation's documentation (no network)")
@@ -107,21 +121,22 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
+    directory = _data_dir(args.data_dir, args.corpus)
     try:
         if args.offline:
-            build_offline_corpus(args.data_dir)
+            build_offline_corpus(directory)
         elif args.from_text:
-            build_text_corpus(args.from_text, args.data_dir)
+            build_text_corpus(args.from_text, directory)
         elif args.from_hf:
             given = {"config": args.hf_config, "split": args.hf_split, "data_files": args.hf_data_files,
                      "revision": args.hf_revision, "text_column": args.text_column, "max_docs": args.max_docs,
                      "max_chars": args.max_chars, "shard_docs": args.shard_docs, "val_docs": args.val_docs,
                      "shuffle_seed": args.shuffle_seed, "shuffle_buffer": args.shuffle_buffer}
-            hf.convert(args.from_hf, args.data_dir, **{k: v for k, v in given.items() if v is not None})
+            hf.convert(args.from_hf, directory, **{k: v for k, v in given.items() if v is not None})
         elif args.offline_fallback:
-            offline_fallback(args.num_files, args.data_dir, args.num_workers, args.base_url)
+            offline_fallback(args.num_files, directory, args.num_workers, args.base_url, corpus=args.corpus)
         else:
-            download(args.num_files, args.data_dir, args.num_workers, args.base_url)
+            download(args.num_files, directory, args.num_workers, args.base_url, corpus=args.corpus)
     except (DatasetError, ValueError, OSError) as e:  # OSError: e.g. the disk filled up
         raise SystemExit(f"error: {e}") from None
 

@@ -1,15 +1,21 @@
 """Train the BPE tokenizer on the start of the train split and save it, with its
 token-byte table, into $NANOCHAT_BASE_DIR/tokenizer (or --tokenizer-dir).
 
-python -m scripts.tok_train [--vocab-size 32768] [--max-chars 2e9] [--doc-cap 10000]
-                            [--data-dir DIR] [--tokenizer-dir DIR]
+python -m scripts.tok_train [--corpus fineweb-edu|climbmix] [--vocab-size 32768] [--max-chars 2e9]
+                            [--doc-cap 10000] [--data-dir DIR] [--tokenizer-dir DIR]
+
+The tokenizer trains on the corpus a run will read: --corpus picks its default directory
+(base_data or base_data_climbmix), --data-dir any other. tokenizer.json records the corpus
+(`info.source`), and base_train refuses to train on one downloaded corpus with a tokenizer
+trained on the other.
 """
 
 import argparse
 import time
 
 from nanochat.cli import existing_dir, int_at_least, positive_int, run
-from nanochat.data.shards import DatasetError, corpus_record, data_dir, list_parquet_files, parquets_iter_batched
+from nanochat.data.shards import (CORPORA, DEFAULT_CORPUS, DatasetError, corpus_record, data_dir, list_parquet_files,
+                                  parquets_iter_batched)
 from nanochat.tokenizer import SPECIAL_TOKENS, Tokenizer, default_tokenizer_dir
 
 # Exercises what a tokenizer most often gets wrong: specials written as text, multi-byte
@@ -50,20 +56,23 @@ def build_parser():
     parser.add_argument("--max-chars", type=positive_int(), default=2_000_000_000,
                         help="train on the first this many characters of the train split (2e9 style accepted)")
     parser.add_argument("--doc-cap", type=positive_int(), default=10_000, help="characters kept from each document")
+    parser.add_argument("--corpus", choices=CORPORA, default=DEFAULT_CORPUS,
+                        help="train on this corpus's default directory (fineweb-edu: $NANOCHAT_BASE_DIR/base_data, "
+                             "climbmix: base_data_climbmix); the run's --corpus must match it")
     parser.add_argument("--data-dir", type=existing_dir, default=None,
-                        help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
+                        help="shard directory (default the --corpus's)")
     parser.add_argument("--tokenizer-dir", default=None, help="output (default $NANOCHAT_BASE_DIR/tokenizer)")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    directory = data_dir(args.data_dir)
+    directory = data_dir(args.data_dir, args.corpus)
     out = args.tokenizer_dir or default_tokenizer_dir()
     try:
         list_parquet_files("train", directory)  # fail on missing data before anything else
         corpus = corpus_record(directory)
-        source = corpus["marker"]["source"]
+        source = corpus["corpus"]
         print(f"Training a {args.vocab_size}-token BPE on up to {args.max_chars:,} characters of the train split of "
               f"{corpus['description']} in {directory} (documents cut at {args.doc_cap:,})", flush=True)
         counts = {"docs": 0, "chars": 0}

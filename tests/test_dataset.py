@@ -19,7 +19,7 @@ import pytest
 
 from nanochat import dataset
 from nanochat.data import local, shards
-from nanochat.data.fineweb import download, download_shard
+from nanochat.data.download import download, download_shard, wanted_shards
 from nanochat.data.shards import (DatasetError, MARKER, VAL_SHARD, check_enough_data, list_parquet_files,
                                   parquets_iter_batched, shard_name, split_stats, verify_shard)
 
@@ -359,3 +359,105 @@ def test_from_text(tmp_path, capsys):
     assert sum(map(len, _texts(out).values())) == len(docs) - 11
     with pytest.raises(SystemExit, match="not a .txt, .md or .jsonl"):
         dataset.main(["--from-text", str(src / "sub" / "ignored.csv"), "--data-dir", str(out)])
+
+
+# ---------------------------------------------------------------------------- ClimbMix
+
+CLIMBMIX_VAL = shard_name(shards.SOURCES["climbmix"].val_shard)
+
+
+@pytest.fixture
+def climbmix_served(tmp_path, small_corpus_dir):
+    """A server holding ClimbMix's names: train shards 0..2 and the val shard 06542."""
+    docs = [d for batch in parquets_iter_batched("train", data_dir=small_corpus_dir) for d in batch]
+    files = {shard_name(i): _shard_bytes(docs[i * 40:(i + 1) * 40], tmp_path, shard_name(i)) for i in range(3)}
+    files[CLIMBMIX_VAL] = _shard_bytes(docs[120:150], tmp_path, CLIMBMIX_VAL)
+    server = ShardServer(files)
+    yield server
+    server.close()
+
+
+def test_climbmix_downloads_into_its_own_directory(climbmix_served, tmp_path):
+    dataset.main(["--corpus", "climbmix", "-n", "2", "--base-url", climbmix_served.url])
+    d = tmp_path / "base" / "base_data_climbmix"
+    assert shards.data_dir(corpus="climbmix") == str(d) and not (tmp_path / "base" / "base_data").exists()
+    assert sorted(f for f in os.listdir(d) if f.endswith(".parquet")) == [shard_name(0), shard_name(1), CLIMBMIX_VAL]
+    assert json.load(open(d / MARKER)) == {"source": "climbmix", "url": climbmix_served.url}
+    assert list_parquet_files("val", d) == [str(d / CLIMBMIX_VAL)]
+    record = shards.corpus_record(corpus="climbmix")
+    assert record["data_dir"] == str(d) and record["corpus"] == "climbmix" and "ClimbMix" in record["description"]
+    with pytest.raises(DatasetError, match="would mix"):  # FineWeb-Edu's shards never join it
+        download(1, d, base_url=climbmix_served.url)
+
+
+def test_shard_ranges_are_the_corpus_own(tmp_path):
+    assert wanted_shards(3, "climbmix") == [6542, 0, 1, 2]
+    assert wanted_shards(-1, "climbmix") == [6542] + list(range(6542))
+    assert wanted_shards(-1) == [1822] + list(range(1822))
+    with pytest.raises(ValueError, match="0..6542 ClimbMix"):
+        download(6543, tmp_path, corpus="climbmix")
+    with pytest.raises(SystemExit, match="error: -n must be in 0..1822 FineWeb-Edu"):  # the CLI's bound is ClimbMix's
+        dataset.main(["-n", "2000", "--data-dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="choose one of fineweb-edu, climbmix"):
+        shards.data_dir(corpus="dclm")
+
+
+def test_climbmix_without_a_marker_is_recognized(tmp_path):
+    """Shards downloaded by nanochat itself (no marker): ClimbMix by its val shard."""
+    for i in (0, 1):
+        _write(tmp_path, i, [f"doc {i}.{j}" for j in range(10)])
+    _write(tmp_path, 6542, ["val doc"])
+    assert shards.corpus_source(tmp_path) == "climbmix"
+    assert list_parquet_files("val", tmp_path) == [str(tmp_path / CLIMBMIX_VAL)]
+    assert len(list_parquet_files("train", tmp_path)) == 2
+    with pytest.raises(DatasetError, match=rf"python -m nanochat.dataset -n \d+ --corpus climbmix --data-dir {tmp_path}`"):
+        check_enough_data(10_000, tmp_path)
+    with pytest.raises(DatasetError, match="even all 6542 train shards"):
+        check_enough_data(10 ** 12, tmp_path)
+
+
+def test_climbmix_hints_name_the_corpus(tmp_path):
+    d = shards.data_dir(corpus="climbmix")
+    with pytest.raises(DatasetError, match=r"-n 8 --corpus climbmix` \(ClimbMix\).*--offline --corpus climbmix`"):
+        list_parquet_files("train", d)
+    with pytest.raises(DatasetError, match=r"-n 8 --data-dir \S+` \(FineWeb-Edu\)"):
+        list_parquet_files("train", tmp_path / "elsewhere")
+
+
+def test_climbmix_offline_modes_fill_its_directory(climbmix_served, tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(dataset, "build_offline_corpus", lambda directory: built.append(directory))
+    d = str(tmp_path / "base" / "base_data_climbmix")
+    dataset.main(["--corpus", "climbmix", "--offline"])
+    dataset.main(["--corpus", "climbmix", "--offline-fallback", "-n", "2", "--base-url", _closed_port_url()])
+    assert built == [d, d]
+    dataset.main(["--corpus", "climbmix", "--offline-fallback", "-n", "2", "--base-url", climbmix_served.url])
+    assert len(built) == 2 and len(list_parquet_files("train", d)) == 2
+
+
+def _tokenizer_trained_on(directory, source):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "tokenizer.json"), "w") as f:
+        json.dump({"info": {} if source is None else {"source": source}}, f)
+    return str(directory)
+
+
+def test_a_tokenizer_of_the_other_downloaded_corpus_is_refused(tmp_path):
+    climbmix = {"data_dir": shards.data_dir(corpus="climbmix"), "corpus": "climbmix"}
+    with pytest.raises(DatasetError, match=r"trained on FineWeb-Edu, the run reads ClimbMix.*tok_train --corpus climbmix`$"):
+        shards.check_tokenizer_corpus(climbmix, _tokenizer_trained_on(tmp_path / "old", None))
+    with pytest.raises(DatasetError, match="trained on ClimbMix, the run reads FineWeb-Edu"):
+        shards.check_tokenizer_corpus({"data_dir": str(tmp_path / "fw"), "corpus": "fineweb-edu"},
+                                      _tokenizer_trained_on(tmp_path / "cm", "climbmix"))
+    for source in ("climbmix", "offline", "hf"):  # the same corpus, or a local one (demos, tests): allowed
+        shards.check_tokenizer_corpus(climbmix, _tokenizer_trained_on(tmp_path / source, source))
+
+
+def test_tok_train_trains_on_the_corpus_and_records_it(climbmix_served, tmp_path):
+    from scripts import tok_train
+    dataset.main(["--corpus", "climbmix", "-n", "2", "--base-url", climbmix_served.url])
+    out = tmp_path / "tok"
+    tok_train.main(["--corpus", "climbmix", "--vocab-size", "300", "--max-chars", "20000", "--tokenizer-dir", str(out)])
+    info = json.load(open(out / "tokenizer.json"))["info"]
+    assert info["source"] == "climbmix" and info["data_dir"] == shards.data_dir(corpus="climbmix")
+    shards.check_tokenizer_corpus(shards.corpus_record(corpus="climbmix"), str(out))

@@ -18,7 +18,7 @@ from filelock import FileLock
 
 from nanochat import dataset
 from nanochat.data import hf
-from nanochat.data.fineweb import download
+from nanochat.data.download import download
 from nanochat.data.local import write_corpus
 from nanochat.data.shards import (MARKER, VAL_SHARD, DatasetError, list_parquet_files, parquets_iter_batched,
                                   shard_name)

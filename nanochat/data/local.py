@@ -8,8 +8,8 @@ import platform
 import re
 
 from nanochat.data.pydocs import collect_python_docs
-from nanochat.data.shards import (MARKER, VAL_SHARD, DatasetError, corpus_source, data_dir as _data_dir, read_marker,
-                                  shard_name, shards_in, write_marker, write_shard)
+from nanochat.data.shards import (MARKER, SOURCES, VAL_SHARD, DatasetError, corpus_source, data_dir as _data_dir,
+                                  read_marker, shard_name, shards_in, write_marker, write_shard)
 
 LOCAL_ROW_GROUP = 128  # local corpora are small: small row groups give every rank some
 LOCAL_SHARD_CHARS = 2_000_000
@@ -17,7 +17,7 @@ VAL_EVERY = 10  # every 10th document goes to the val shard
 TEXT_DOC_CHARS = 4000  # target document size when a .txt file is cut at blank lines
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
 # Downloaded or converted corpora: expensive to rebuild, never replaced by a local build.
-KEPT_SOURCES = ("fineweb-edu", "hf")
+KEPT_SOURCES = (*SOURCES, "hf")
 
 
 def write_corpus(docs, data_dir, info, rows_per_group=LOCAL_ROW_GROUP, shard_chars=LOCAL_SHARD_CHARS,
@@ -29,7 +29,8 @@ def write_corpus(docs, data_dir, info, rows_per_group=LOCAL_ROW_GROUP, shard_cha
     directory = _data_dir(data_dir)
     existing, source = shards_in(directory), corpus_source(directory)
     if (existing or read_marker(directory)) and source in KEPT_SOURCES:
-        what = "downloaded FineWeb-Edu shards" if source == "fineweb-edu" else f"the {source!r} corpus ({MARKER})"
+        what = (f"downloaded {SOURCES[source].title} shards" if source in SOURCES
+                else f"the {source!r} corpus ({MARKER})")
         raise DatasetError(f"{directory} holds {what}: a local corpus would mix with them. Use another --data-dir.")
     os.makedirs(directory, exist_ok=True)
     for name in existing:
@@ -74,7 +75,8 @@ def build_offline_corpus(data_dir=None, rows_per_group=LOCAL_ROW_GROUP, shard_ch
     info = write_corpus(docs, directory, {"source": "offline", "python": platform.python_version()},
                         rows_per_group=rows_per_group, shard_chars=shard_chars)
     bar = "=" * 78
-    print(f"{bar}\nOFFLINE CORPUS, not FineWeb-Edu: {info['documents']:,} documents, {info['characters'] / 1e6:.1f}M "
+    print(f"{bar}\nOFFLINE CORPUS, not FineWeb-Edu or ClimbMix: {info['documents']:,} documents, "
+          f"{info['characters'] / 1e6:.1f}M "
           f"characters of the Python {info['python']} documentation\n(stdlib docstrings and comments, help topics) "
           f"in {directory}.\nGood for the demo and tests; losses and CORE on it are not comparable to the paper's.\n"
           f"{bar}", flush=True)

@@ -1,27 +1,53 @@
 """The shard format and the train/val split every corpus shares.
 
 A data directory holds shard_00000.parquet, shard_00001.parquet, ... (train) and the pinned
-val shard shard_01822.parquet (never "whatever sorts last"), each with one `text` column,
-plus CORPUS.json, the marker saying which corpus the directory holds (never two in one
-directory). Owns: naming, writing a shard (temporary file, verified, renamed), the marker
-and the one-line description of a corpus that runs record, listing and iterating the
-splits, and estimating whether the train split is big enough.
+val shard (never "whatever sorts last"), each with one `text` column, plus CORPUS.json, the
+marker saying which corpus the directory holds (never two in one directory). The val shard
+is the downloaded corpus's own (SOURCES: shard_01822 of FineWeb-Edu, shard_06542 of
+ClimbMix) and shard_01822 for every corpus built here. Owns: the downloadable corpora and
+their default directories, naming, writing a shard (temporary file, verified, renamed), the
+marker and the one-line description of a corpus that runs record, listing and iterating
+the splits, and estimating whether the train split is big enough.
 """
 
 import json
 import math
 import os
 import re
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nanochat.common import base_dir
 
-# nanochat's FineWeb-Edu layout (source: nanochat/dataset.py): shard_00000 ... shard_01822,
-# ~250M characters each, row groups of 1024 documents, the last shard kept for validation.
-MAX_SHARD = 1822
-VAL_SHARD = MAX_SHARD
+
+
+class Source(NamedTuple):
+    """A corpus nanochat publishes as shards: shard_00000 ... shard_{max_shard}, the last one
+    kept for validation, downloaded into $NANOCHAT_BASE_DIR/{directory} by default."""
+    title: str
+    url: str
+    max_shard: int
+    val_shard: int
+    directory: str
+
+
+# FineWeb-Edu: nanochat 4d8dbaf, nanochat/dataset.py (its sample-100BT repackaged, ~250M
+# characters per shard, row groups of 1024 documents). ClimbMix: nanochat 92d63d4,
+# nanochat/dataset.py (NVIDIA's ClimbMix repackaged, ~100 MB per shard).
+HF_DATASETS = "https://huggingface.co/datasets"
+SOURCES = {
+    "fineweb-edu": Source("FineWeb-Edu", f"{HF_DATASETS}/karpathy/fineweb-edu-100b-shuffle/resolve/main",
+                          max_shard=1822, val_shard=1822, directory="base_data"),
+    "climbmix": Source("ClimbMix", f"{HF_DATASETS}/karpathy/climbmix-400b-shuffle/resolve/main",
+                       max_shard=6542, val_shard=6542, directory="base_data_climbmix"),
+}
+CORPORA = tuple(SOURCES)
+DEFAULT_CORPUS = "fineweb-edu"  # the default trunk's (nanochat/trunks.py FLAG_DEFAULTS)
+# FineWeb-Edu's layout, which every corpus built here (local, converted) shares.
+MAX_SHARD = SOURCES["fineweb-edu"].max_shard
+VAL_SHARD = SOURCES["fineweb-edu"].val_shard
 ROW_GROUP_DOCS = 1024
 FINEWEB_CHARS_PER_SHARD = 250_000_000
 # Sizing estimates: ~4.8 characters per token for a 32K vocab on FineWeb-Edu, and best-fit
@@ -41,9 +67,19 @@ def shard_name(index):
     return f"shard_{index:05d}.parquet"
 
 
-def data_dir(base=None):
-    """The shard directory: `base` when given (e.g. --data-dir), else base_dir()/base_data."""
-    return os.path.abspath(base) if base else os.path.join(base_dir(), "base_data")
+def check_corpus(corpus):
+    """The corpus name, or ValueError naming the choices."""
+    if corpus not in SOURCES:
+        raise ValueError(f"corpus={corpus!r}; choose one of {', '.join(CORPORA)}")
+    return corpus
+
+
+def data_dir(base=None, corpus=DEFAULT_CORPUS):
+    """The shard directory: `base` when given (e.g. --data-dir), else the corpus's own under
+    base_dir() (base_data for FineWeb-Edu, base_data_climbmix for ClimbMix)."""
+    if base:
+        return os.path.abspath(base)
+    return os.path.join(base_dir(), SOURCES[check_corpus(corpus)].directory)
 
 
 _data_dir = data_dir  # reachable inside functions whose `data_dir` parameter shadows it
@@ -69,9 +105,19 @@ def write_marker(directory, marker):
 
 
 def corpus_source(directory):
-    """The marker's `source`; shards without a marker are FineWeb-Edu (downloads from before
-    the marker existed)."""
-    return (read_marker(directory) or {}).get("source", "fineweb-edu")
+    """The marker's `source`. Shards without a marker were downloaded before the marker
+    existed, or by nanochat itself: ClimbMix when its val shard is there, else FineWeb-Edu."""
+    marker = read_marker(directory)
+    if marker is not None:
+        return marker.get("source", "fineweb-edu")
+    climbmix_val = os.path.join(directory, shard_name(SOURCES["climbmix"].val_shard))
+    return "climbmix" if os.path.exists(climbmix_val) else "fineweb-edu"
+
+
+def val_shard(directory):
+    """The index of the directory's pinned val shard."""
+    source = corpus_source(directory)
+    return SOURCES[source].val_shard if source in SOURCES else VAL_SHARD
 
 
 def describe_corpus(marker):
@@ -81,6 +127,8 @@ def describe_corpus(marker):
     source = marker.get("source")
     if source == "fineweb-edu":
         return "FineWeb-Edu (nanochat's shards, as in the paper)"
+    if source == "climbmix":
+        return "ClimbMix (nanochat's shards, as nanochat trains since March 2026)"
     if source == "offline":
         return f"the offline corpus (Python {marker.get('python', '?')} documentation; not comparable to the paper)"
     if source == "text":
@@ -100,12 +148,28 @@ def describe_corpus(marker):
     return f"{marker.get('dataset')} ({', '.join(parts)})"
 
 
-def corpus_record(data_dir=None):
-    """What a run trains on, for its run directory: the data dir, its marker (without the
-    conversion's resume state) and the one-line description."""
-    directory = _data_dir(data_dir)
-    marker = {k: v for k, v in (read_marker(directory) or {"source": "fineweb-edu"}).items() if k != "checkpoint"}
-    return {"data_dir": directory, "description": describe_corpus(marker), "marker": marker}
+def corpus_record(data_dir=None, corpus=DEFAULT_CORPUS):
+    """What a run trains on, for its run directory: the data dir (`data_dir`, else the
+    corpus's default one), the corpus (its source: a SOURCES name, or offline, text, hf...),
+    its marker (without the conversion's resume state) and the one-line description."""
+    directory = _data_dir(data_dir, corpus)
+    marker = read_marker(directory) or {"source": corpus_source(directory)}
+    marker = {k: v for k, v in marker.items() if k != "checkpoint"}
+    return {"data_dir": directory, "corpus": marker.get("source"), "description": describe_corpus(marker),
+            "marker": marker}
+
+
+def check_tokenizer_corpus(record, tokenizer_dir):
+    """Refuse (DatasetError, one line) to train on one downloaded corpus with a tokenizer
+    trained on the other: its merges and bits per byte belong to that text. `record` is the
+    run's corpus_record; a tokenizer that names no corpus was trained on FineWeb-Edu."""
+    from nanochat.tokenizer import CONFIG_FILE
+    with open(os.path.join(tokenizer_dir, CONFIG_FILE)) as f:
+        trained_on = json.load(f).get("info", {}).get("source", "fineweb-edu")
+    if trained_on in SOURCES and record["corpus"] in SOURCES and trained_on != record["corpus"]:
+        raise DatasetError(f"the tokenizer in {tokenizer_dir} was trained on {SOURCES[trained_on].title}, the run "
+                           f"reads {SOURCES[record['corpus']].title}; train one on it: "
+                           f"`python -m scripts.tok_train{dir_flag(record['data_dir'], record['corpus'])}`")
 
 
 def shards_in(directory):
@@ -114,9 +178,27 @@ def shards_in(directory):
     return sorted(f for f in os.listdir(directory) if SHARD_RE.fullmatch(f))
 
 
-def dir_flag(directory):
-    """The --data-dir part of a suggested command (none for the default directory)."""
-    return "" if directory == _data_dir() else f" --data-dir {directory}"
+def _default_corpus(directory):
+    """The corpus whose default directory this is, else the default corpus."""
+    return next((c for c in CORPORA if directory == _data_dir(corpus=c)), DEFAULT_CORPUS)
+
+
+def dir_flag(directory, corpus=None):
+    """The --corpus and --data-dir part of a suggested command for `corpus` (default: the one
+    whose default directory this is): --corpus unless it is the default corpus, --data-dir
+    unless the directory is that corpus's default one."""
+    corpus = corpus or _default_corpus(directory)
+    flag = "" if corpus == DEFAULT_CORPUS else f" --corpus {corpus}"
+    return flag + ("" if directory == _data_dir(corpus=corpus) else f" --data-dir {directory}")
+
+
+def download_corpus(directory):
+    """The corpus a download into this directory fetches: the one there, else the one whose
+    default directory this is."""
+    source = corpus_source(directory)
+    if source in SOURCES and (read_marker(directory) is not None or shards_in(directory)):
+        return source
+    return _default_corpus(directory)
 
 
 def fix_hint(directory):
@@ -129,8 +211,9 @@ def fix_hint(directory):
         return f"`python -m nanochat.dataset --offline{flag}`"
     if marker.get("source") == "text":
         return f"`python -m nanochat.dataset --from-text {' '.join(marker.get('inputs', ['PATH']))}{flag}`"
-    n = max(1, len([s for s in shards_in(directory) if s != shard_name(VAL_SHARD)]))
-    return f"`python -m nanochat.dataset -n {n}{flag}` (or `--offline` without network)"
+    corpus = download_corpus(directory)
+    n = max(1, len([s for s in shards_in(directory) if s != shard_name(val_shard(directory))]))
+    return f"`python -m nanochat.dataset -n {n}{dir_flag(directory, corpus)}` (or `--offline` without network)"
 
 
 def verify_shard(path, full=False):
@@ -182,10 +265,12 @@ def list_parquet_files(split, data_dir=None):
     if not names and marker is not None:
         raise DatasetError(f"no shards in {directory} (an unfinished build?): run {fix_hint(directory)}")
     if not names:
-        flag = dir_flag(directory)
-        raise DatasetError(f"no shards in {directory}: run `python -m nanochat.dataset -n 8{flag}` (FineWeb-Edu), "
-                           f"or `python -m nanochat.dataset --offline{flag}` without network")
-    val = shard_name(VAL_SHARD)
+        corpus = download_corpus(directory)
+        flag = dir_flag(directory, corpus)
+        raise DatasetError(f"no shards in {directory}: run `python -m nanochat.dataset -n 8{flag}` "
+                           f"({SOURCES[corpus].title}), or `python -m nanochat.dataset --offline{flag}` "
+                           "without network")
+    val = shard_name(val_shard(directory))
     files = [val] if split == "val" else [n for n in names if n != val]
     if split == "val" and val not in names:
         raise DatasetError(f"the pinned val shard {val} is missing from {directory}: run {fix_hint(directory)}")
@@ -245,11 +330,12 @@ def check_enough_data(tokens_needed, data_dir=None, chars_per_token=CHARS_PER_TO
     if source == "hf":
         raise DatasetError(f"{msg}. Train for fewer iterations, or convert more of the dataset (raise --max-docs "
                            f"or --max-chars of {fix_hint(directory)}) into another --data-dir.")
-    if source != "fineweb-edu":
+    if source not in SOURCES:
         raise DatasetError(f"{msg}. It is the local {source!r} corpus: train for fewer iterations, or download "
                            "FineWeb-Edu shards into another --data-dir (`python -m nanochat.dataset -n N`).")
     per_shard = stats["text_bytes"] / stats["files"] if stats["files"] else FINEWEB_CHARS_PER_SHARD
     n = math.ceil(tokens_needed * chars_per_token / kept_fraction / per_shard)
-    if n > MAX_SHARD:
-        raise DatasetError(f"{msg}; even all {MAX_SHARD} train shards would not be enough: train for fewer iterations.")
-    raise DatasetError(f"{msg}. Download more: `python -m nanochat.dataset -n {n}{dir_flag(directory)}`")
+    if n > SOURCES[source].max_shard:
+        raise DatasetError(f"{msg}; even all {SOURCES[source].max_shard} train shards would not be enough: "
+                           "train for fewer iterations.")
+    raise DatasetError(f"{msg}. Download more: `python -m nanochat.dataset -n {n}{dir_flag(directory, source)}`")

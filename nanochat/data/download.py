@@ -1,5 +1,6 @@
-"""Downloading nanochat's FineWeb-Edu shards: parallel, retried with backoff, one lock per
-shard, each written to a temporary file, verified, then renamed into place."""
+"""Downloading nanochat's shards of a corpus (shards.SOURCES: FineWeb-Edu or ClimbMix):
+parallel, retried with backoff, one lock per shard, each written to a temporary file,
+verified, then renamed into place. The corpus's val shard always comes too."""
 
 import os
 import tempfile
@@ -9,15 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from filelock import FileLock
 
-from nanochat.data.shards import (MARKER, MAX_SHARD, VAL_SHARD, DatasetError, data_dir as _data_dir, read_marker,
-                                  shard_name, verify_shard, write_marker)
-
-# nanochat's repackaged FineWeb-Edu sample-100BT (source: nanochat/dataset.py).
-BASE_URL = "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle/resolve/main"
+from nanochat.data.shards import (DEFAULT_CORPUS, MARKER, SOURCES, DatasetError, check_corpus, data_dir as _data_dir,
+                                  read_marker, shard_name, verify_shard, write_marker)
 
 
-def source_url(base_url=None):
-    return (base_url or os.environ.get("NANOCHAT_DATA_URL") or BASE_URL).rstrip("/")
+def source_url(base_url=None, corpus=DEFAULT_CORPUS):
+    """--base-url, else $NANOCHAT_DATA_URL (a mirror of the corpus being downloaded), else the corpus's own."""
+    return (base_url or os.environ.get("NANOCHAT_DATA_URL") or SOURCES[check_corpus(corpus)].url).rstrip("/")
 
 
 def _fetch(url, path, timeout):
@@ -38,7 +37,7 @@ def _fetch(url, path, timeout):
             os.remove(tmp)
 
 
-def download_shard(index, directory, base_url=None, attempts=5, backoff=2.0, timeout=30):
+def download_shard(index, directory, base_url=None, attempts=5, backoff=2.0, timeout=30, corpus=DEFAULT_CORPUS):
     """Make shard `index` present and valid in `directory`; return its path.
 
     A lock per shard serializes concurrent processes or ranks: the second one waits, then
@@ -46,7 +45,7 @@ def download_shard(index, directory, base_url=None, attempts=5, backoff=2.0, tim
     fetched again. Attempt k (from 0) failing waits backoff * 2**k seconds."""
     name = shard_name(index)
     path = os.path.join(directory, name)
-    url = f"{source_url(base_url)}/{name}"
+    url = f"{source_url(base_url, corpus)}/{name}"
     with FileLock(path + ".lock"):
         if os.path.exists(path):
             try:
@@ -70,38 +69,43 @@ def download_shard(index, directory, base_url=None, attempts=5, backoff=2.0, tim
                 time.sleep(wait)
 
 
-def _claim_for_fineweb(directory, base_url):
+def _claim(directory, base_url, corpus):
     """Refuse to download into a directory holding another corpus; record the source."""
     marker = read_marker(directory)
-    if marker is not None and marker.get("source") != "fineweb-edu":
+    if marker is not None and marker.get("source") != corpus:
         raise DatasetError(
-            f"{directory} holds the {marker.get('source')!r} corpus ({MARKER}); downloading FineWeb-Edu "
+            f"{directory} holds the {marker.get('source')!r} corpus ({MARKER}); downloading {SOURCES[corpus].title} "
             f"shards into it would mix the two. Use another --data-dir, or delete {directory} first.")
     if marker is None:
         os.makedirs(directory, exist_ok=True)
-        write_marker(directory, {"source": "fineweb-edu", "url": source_url(base_url)})
+        write_marker(directory, {"source": corpus, "url": source_url(base_url, corpus)})
 
 
-def wanted_shards(num_files):
+def wanted_shards(num_files, corpus=DEFAULT_CORPUS):
     """The pinned val shard first (every run needs it), then train shards 0..num_files-1."""
+    source = SOURCES[check_corpus(corpus)]
     if num_files == -1:
-        num_files = MAX_SHARD
-    if not 0 <= num_files <= MAX_SHARD:
-        raise ValueError(f"-n must be in 0..{MAX_SHARD} train shards (or -1 for all), got {num_files}")
-    return [VAL_SHARD] + list(range(num_files))
+        num_files = source.max_shard
+    if not 0 <= num_files <= source.max_shard:
+        raise ValueError(f"-n must be in 0..{source.max_shard} {source.title} train shards (or -1 for all), "
+                         f"got {num_files}")
+    return [source.val_shard] + list(range(num_files))
 
 
-def download(num_files, data_dir=None, workers=4, base_url=None, attempts=5, backoff=2.0, timeout=30):
-    """Download the pinned val shard and train shards 0..num_files-1 (-1: all 1822)."""
-    indices = wanted_shards(num_files)
-    directory = _data_dir(data_dir)
-    _claim_for_fineweb(directory, base_url)
-    print(f"Fetching {len(indices)} shards (val {shard_name(VAL_SHARD)} + {len(indices) - 1} train) from "
-          f"{source_url(base_url)} into {directory} with {workers} workers", flush=True)
+def download(num_files, data_dir=None, workers=4, base_url=None, attempts=5, backoff=2.0, timeout=30,
+             corpus=DEFAULT_CORPUS):
+    """Download the corpus's pinned val shard and train shards 0..num_files-1 (-1: all of
+    them) into `data_dir`, else the corpus's default directory."""
+    indices = wanted_shards(num_files, corpus)
+    directory = _data_dir(data_dir, corpus)
+    _claim(directory, base_url, corpus)
+    print(f"Fetching {len(indices)} {SOURCES[corpus].title} shards (val {shard_name(indices[0])} + "
+          f"{len(indices) - 1} train) from {source_url(base_url, corpus)} into {directory} with {workers} workers",
+          flush=True)
 
     def one(index):
         try:
-            return download_shard(index, directory, base_url, attempts, backoff, timeout), None
+            return download_shard(index, directory, base_url, attempts, backoff, timeout, corpus), None
         except DatasetError as e:
             return None, e
 
@@ -116,10 +120,11 @@ def download(num_files, data_dir=None, workers=4, base_url=None, attempts=5, bac
     return [path for path, _ in results]
 
 
-def source_reachable(base_url=None, timeout=5.0):
+def source_reachable(base_url=None, timeout=5.0, corpus=DEFAULT_CORPUS):
     """One quick request for the val shard's headers, no retries."""
+    url = f"{source_url(base_url, corpus)}/{shard_name(SOURCES[corpus].val_shard)}"
     try:
-        r = requests.head(f"{source_url(base_url)}/{shard_name(VAL_SHARD)}", timeout=timeout, allow_redirects=True)
+        r = requests.head(url, timeout=timeout, allow_redirects=True)
         return r.status_code < 400
     except requests.RequestException:
         return False
