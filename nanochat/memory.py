@@ -32,6 +32,9 @@ Attention is traced as SDPA over full-context windows: on CUDA FlexAttention (wi
 and flash (full ones) both save q, k, v, the output and the log-sum-exp, which is what CPU SDPA
 saves for a causal mask; an explicit window mask on CPU would instead save a T x T matrix.
 Liger's kernels are traced as their plain-PyTorch references (`hc_kernels = torch`).
+Under --fp8 the traced model is converted first (nanochat/fp8.py), so that the step keeps what a
+float8 layer keeps for its backward: its input and weight in float8 (1 byte an element) and two
+scales, in place of the bf16 input.
 
 Compiled: Inductor fuses chains of pointwise ops into one kernel, so their intermediates are
 never allocated, and its generated code frees a graph's inputs (the saved activations, in the
@@ -218,13 +221,17 @@ def traced_config(config):
     return dataclasses.replace(config, window_pattern="L", attention="sdpa", hc_kernels="torch")
 
 
-def _fake_model(config, bf16):
-    """The model with fake parameters, its embedding tables in bf16 as on CUDA (gpt.init_weights)."""
+def _fake_model(config, bf16, fp8=False):
+    """The model with fake parameters, its embedding tables in bf16 as on CUDA (gpt.init_weights),
+    its large matmuls in float8 under `fp8` (as base_train converts them)."""
     from nanochat.gpt import GPT
     model = GPT(traced_config(config))
     if bf16:  # not cast_embeddings: Module.to cannot swap a fake parameter's data
         for emb in (model.transformer.wte, *model.value_embeds.values()):
             emb.weight = torch.nn.Parameter(emb.weight.to(torch.bfloat16))
+    if fp8:
+        from nanochat.fp8 import convert
+        convert(model)
     return model
 
 
@@ -437,15 +444,15 @@ def _compiled_step_peak(model, idx, targets, autocast, inductor):
     return max(graph_peak(fw, fw_held, inductor), graph_peak(bw, bw_held, inductor)), sum(bw_held[:len(saved)])
 
 
-def step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
+def step_peak(config, device_batch, compile=True, cuda=True, inductor=True, fp8=False):
     """Peak bytes of one micro-step's forward and backward above the parameters (activations,
     logits, gradients), traced on fake tensors. `cuda`: bf16 autocast with CUDA's dtype rules
-    and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU."""
+    and bf16 embeddings, as base_train on a GPU; else fp32, as on the CPU. `fp8`: --fp8's layers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     rules = cuda_rules(compile) if cuda else contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     with FakeTensorMode(), rules:
-        model = _fake_model(config, bf16=cuda)
+        model = _fake_model(config, bf16=cuda, fp8=fp8)
         shape = (device_batch, config.sequence_len)
         idx = torch.randint(0, config.vocab_size, shape)
         targets = torch.randint(0, config.vocab_size, shape)
@@ -485,11 +492,11 @@ def static_bytes(config, world_size, cuda=True):
 
 @functools.cache
 def code_fingerprint():
-    """A digest of the code a trace depends on (the model, its connections, this module): an
-    estimate that an older version of them cached is not read back after an update."""
+    """A digest of the code a trace depends on (the model, its connections, its float8 layers, this
+    module): an estimate that an older version of them cached is not read back after an update."""
     root = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
-    for path in [os.path.join(root, "gpt.py"), os.path.abspath(__file__),
+    for path in [os.path.join(root, "gpt.py"), os.path.join(root, "fp8.py"), os.path.abspath(__file__),
                  *sorted(glob.glob(os.path.join(root, "connections", "*.py")))]:
         with open(path, "rb") as f:
             digest.update(f.read())
@@ -502,17 +509,17 @@ def _cache_path(key):
     return os.path.join(base_dir(), "memory", f"{digest}.json")
 
 
-def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=True):
+def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=True, fp8=False):
     """step_peak, read from or written to the disk cache."""
     key = {"config": dataclasses.asdict(traced_config(config)), "batch": device_batch, "compile": compile,
-           "cuda": cuda, "inductor": inductor, "torch": torch.__version__, "code": code_fingerprint()}
+           "cuda": cuda, "inductor": inductor, "fp8": fp8, "torch": torch.__version__, "code": code_fingerprint()}
     path = _cache_path(key)
     try:
         with open(path) as f:
             return json.load(f)["step"]
     except (OSError, ValueError, KeyError):
         pass
-    value = step_peak(config, device_batch, compile, cuda, inductor)
+    value = step_peak(config, device_batch, compile, cuda, inductor, fp8)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -521,24 +528,25 @@ def cached_step_peak(config, device_batch, compile=True, cuda=True, inductor=Tru
     return value
 
 
-def estimate(config, device_batch, world_size=1, accum=1, compile=True, cuda=True, inductor=True):
+def estimate(config, device_batch, world_size=1, accum=1, compile=True, cuda=True, inductor=True, fp8=False):
     """The Estimate of one rank's peak for a run: its GPTConfig, device batch, world size,
-    gradient accumulation steps, compile on or off, on a GPU (`cuda`) or the CPU."""
+    gradient accumulation steps, compile on or off, on a GPU (`cuda`) or the CPU, --fp8 or not
+    (the parameters and optimizer state are the same: float8 copies live within a step)."""
     params, grads, optimizer = static_bytes(config, world_size, cuda)
-    step = cached_step_peak(config, device_batch, compile, cuda, inductor)
+    step = cached_step_peak(config, device_batch, compile, cuda, inductor, fp8)
     return Estimate(device_batch, params, grads, optimizer, step, grads if accum > 1 else 0)
 
 
-def fitting_batch(config, max_batch, memory_bytes, accum_for, world_size=1, compile=True, allowed=None):
+def fitting_batch(config, max_batch, memory_bytes, accum_for, world_size=1, compile=True, allowed=None, fp8=False):
     """(batch, its estimate, the estimate at the first batch tried) for the largest of max_batch
     and the powers of two below it (those `allowed` accepts: the batches the total batch divides
     into) whose estimate fits `memory_bytes` with the margin; batch None when none fits.
-    accum_for(batch): the gradient accumulation steps at that batch."""
+    accum_for(batch): the gradient accumulation steps at that batch; fp8: --fp8."""
     candidates = [max_batch] + [2**k for k in range(int(math.log2(max_batch)), -1, -1) if 2**k < max_batch]
     candidates = [b for b in candidates if allowed is None or allowed(b)] or [max_batch]
     first = est = None
     for batch in candidates:
-        est = estimate(config, batch, world_size, accum_for(batch), compile)
+        est = estimate(config, batch, world_size, accum_for(batch), compile, fp8=fp8)
         first = first or est
         if est.needed <= memory_bytes:
             return batch, est, first

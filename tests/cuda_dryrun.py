@@ -91,9 +91,10 @@ def fake_cuda(monkeypatch):
 
 def fake_cuda_model(**fields):
     """A tiny model built on fake cuda:0 (call inside `fake_cuda`): construction and
-    init_weights as on a GPU (bf16 embedding tables, FlexAttention block masks), no memory."""
-    cfg = gpt.GPTConfig(sequence_len=32, vocab_size=300, n_layer=2, n_head=2, n_kv_head=2, n_embd=32,
-                        window_pattern="SL", **fields)
+    init_weights as on a GPU (bf16 embedding tables, FlexAttention block masks), no memory.
+    `fields` add to the config or replace its sizes (--fp8 converts widths from 128 on)."""
+    sizes = dict(sequence_len=32, vocab_size=300, n_layer=2, n_head=2, n_kv_head=2, n_embd=32, window_pattern="SL")
+    cfg = gpt.GPTConfig(**{**sizes, **fields})
     with GPU:
         model = gpt.GPT(cfg)
         model.init_weights()

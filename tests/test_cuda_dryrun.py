@@ -7,7 +7,8 @@ What it holds: on every torch, every variant's stream between layers, into the r
 out of it is the activation dtype (bf16), whatever rms_norm's autocast rule (fp32 on CUDA
 from torch 2.12 on); nothing of stream or MLP width is saved for backward in fp32; the KV
 cache decodes; the optimizer steps; the memory estimate's emulation of CUDA's rules saves what
-CUDA autocast saves."""
+CUDA autocast saves; --fp8's layers keep float8 tensors for backward and their three matmuls
+pass _scaled_mm's CUDA checks (layouts, widths, formats)."""
 
 from collections import Counter
 from contextlib import nullcontext
@@ -17,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 
-from nanochat import engine, memory, optim
+from nanochat import engine, fp8, memory, optim
 from nanochat import memory_check as check
 from nanochat.gpt import EagerSteps
 from tests.cuda_dryrun import GPU, H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
@@ -230,3 +231,41 @@ def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
         return set(seen)
 
     assert saved(torch.device("cpu")) == saved(GPU)
+
+
+@pytest.mark.parametrize("trunk", ["2026-01", "2026-07"])
+def test_fp8_layers_keep_float8_for_backward_and_pass_cudas_checks(trunk, monkeypatch):
+    """--fp8 on CUDA (nanochat/fp8.py): under 2026-01's autocast and 2026-07's bf16 activations,
+    each converted layer keeps its input and weight in e4m3 for backward, the logits stay fp32;
+    forward's and backward's _scaled_mm calls (backward called directly:
+    fake CUDA tensors have no autograd backward) pass CUDA's checks of layouts and widths and
+    return the activations' dtype."""
+    monkeypatch.delenv("NANOCHAT_DTYPE", raising=False)  # the compute dtype an H100 gets: bf16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (H100.major, H100.minor))
+    saved = Counter()
+
+    def pack(t):
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            saved[(t.dtype, tuple(t.shape), t.device.type)] += 1
+        return t
+
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(n_embd=128, n_head=1, n_kv_head=1, trunk=trunk)
+        converted, kept = fp8.convert(model)
+        with cuda_autocast() if trunk == "2026-01" else nullcontext(), saved_tensors_hooks(pack, lambda t: t):
+            logits = model(tokens())
+        layers = [model.get_submodule(name) for name in converted]
+        x = torch.empty(B * T, 128, dtype=torch.bfloat16, device=GPU)
+        y, kept_for_backward = fp8.forward_matmul(x, model.lm_head.weight)
+        grad_x, grad_w = fp8.backward_matmuls(torch.empty_like(y), kept_for_backward)
+    assert len(converted) == 6 * 2 + 1 and kept  # the gates stay
+    expected = Counter()
+    for layer in layers:
+        expected[(torch.float8_e4m3fn, (B * T, layer.in_features), "cuda")] += 1
+        expected[(torch.float8_e4m3fn, (layer.out_features, layer.in_features), "cuda")] += 1
+    assert saved == expected
+    assert logits.dtype == torch.float32 and logits.shape == (B, T, 300) and logits.device.type == "cuda"
+    head = tuple(model.lm_head.weight.shape)
+    assert (y.dtype, tuple(y.shape)) == (torch.bfloat16, (B * T, head[0]))
+    assert (grad_x.dtype, tuple(grad_x.shape), grad_w.dtype, tuple(grad_w.shape)) == \
+        (torch.bfloat16, (B * T, 128), torch.bfloat16, head)
