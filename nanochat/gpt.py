@@ -17,6 +17,7 @@ The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in 
 `CausalSelfAttention.forward`.
 """
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
@@ -792,6 +793,14 @@ def compiled(model, mode="whole", backend="inductor"):
         return torch.compile(model, dynamic=False, backend=backend)
     model.compile_regions(backend)
     return model
+
+
+def autocast_for(config, device_type, dtype):
+    """The context a forward of this config runs in at compute dtype `dtype`: autocast on the
+    2026-01 trunk (fp32 needs none), none on 2026-07 (its layers cast their weights)."""
+    if dtype == torch.float32 or config.trunk != trunks.DEFAULT:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
 
 
 def model_config_from_depth(depth, vocab_size, sequence_len, aspect_ratio=64, head_dim=128,

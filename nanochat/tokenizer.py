@@ -75,12 +75,31 @@ def train_hf_bpe(texts, vocab_size):
     return hf
 
 
-def default_tokenizer_dir():
-    return os.path.join(base_dir(), "tokenizer")
+# One tokenizer per corpus under the base directory, so that runs on FineWeb-Edu and on ClimbMix
+# (the two trunks' defaults, docs/trunks.md) live side by side, each evaluated with its own.
+TOKENIZER_DIRS = {"fineweb-edu": "tokenizer", "climbmix": "tokenizer_climbmix"}
+DEFAULT_CORPUS = "fineweb-edu"
+
+
+def default_tokenizer_dir(corpus=DEFAULT_CORPUS):
+    return os.path.join(base_dir(), TOKENIZER_DIRS[corpus])
+
+
+def run_tokenizer_dir(run_dir):
+    """The tokenizer of a run directory: its corpus's (corpus.json `corpus`; a run that names
+    none read FineWeb-Edu, or a local corpus with FineWeb-Edu's tokenizer directory)."""
+    try:
+        with open(os.path.join(run_dir, "corpus.json")) as f:
+            corpus = json.load(f).get("corpus", DEFAULT_CORPUS)
+    except (OSError, ValueError):
+        corpus = DEFAULT_CORPUS
+    return default_tokenizer_dir(corpus if corpus in TOKENIZER_DIRS else DEFAULT_CORPUS)
 
 
 def _missing(directory, what):
-    flag = "" if os.path.abspath(directory) == default_tokenizer_dir() else f" --tokenizer-dir {directory}"
+    corpus = next((c for c in TOKENIZER_DIRS if os.path.abspath(directory) == default_tokenizer_dir(c)), None)
+    flag = (f" --tokenizer-dir {directory}" if corpus is None else
+            "" if corpus == DEFAULT_CORPUS else f" --corpus {corpus}")
     return FileNotFoundError(f"no trained tokenizer in {directory} ({what} missing): "
                              f"train one with `python -m scripts.tok_train{flag}`")
 

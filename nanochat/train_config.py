@@ -72,7 +72,8 @@ FLAGS = [
     ("compile_mode", choice("whole", "regional"), "whole",
      "with compile: the model whole (one graph) or regionally (each repeated sub-layer, connection layer and the "
      "head compiled once: faster to compile; docs/kernels.md)"),
-    ("data_dir", existing_dir, "", "parquet shard directory (default $NANOCHAT_BASE_DIR/base_data)"),
+    ("data_dir", existing_dir, "", "parquet shard directory (default the --corpus's: $NANOCHAT_BASE_DIR/base_data or "
+                                 "base_data_climbmix)"),
     ("vocab_size", nonneg_int(), 0, "expected tokenizer vocab size (0: whatever the trained tokenizer has)"),
     # the trunk: nanochat as the paper trained it, or as it trains in July 2026 (docs/trunks.md)
     ("trunk", choice(*trunks.TRUNKS), trunks.DEFAULT,

@@ -19,7 +19,6 @@ default). If compilation fails, one warning line and the evaluation finishes eag
 """
 
 import argparse
-import contextlib
 import csv
 import io
 import json
@@ -33,6 +32,7 @@ from nanochat.cli import choice, existing_dir, positive_int, resolve_run_dir, ru
 from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks
 from nanochat.engine import COMPILE_HELP, Inference, compile_default
+from nanochat.gpt import autocast_for
 from nanochat.loss_eval import evaluate_bpb
 
 # nanochat's fixed prompts for greedy samples (source: nanochat scripts/base_loss.py)
@@ -117,7 +117,6 @@ def main(argv=None):
     args = parse_args(argv)
     info, device = compute_init(args.device_type)
     dtype = compute_dtype(device.type)
-    autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext())
     suffix = "" if args.step is None else f"_{args.step:06d}"
 
     # Check the CORE request before loading anything: a bad --tasks fails in a second.
@@ -130,11 +129,13 @@ def main(argv=None):
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import SplitRows
-    from nanochat.tokenizer import check_vocab, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import check_vocab, get_token_bytes, get_tokenizer, run_tokenizer_dir
 
     model, meta = checkpoint.load_model(args.run_dir, step=args.step, device=device)
+    autocast = autocast_for(model.config, device.type, dtype)
     step = meta.get("step", args.step)
-    tokenizer = get_tokenizer()
+    tokenizer_dir = run_tokenizer_dir(args.run_dir)
+    tokenizer = get_tokenizer(tokenizer_dir)
     try:
         check_vocab(tokenizer, model.config.vocab_size)
     except ValueError as e:
@@ -168,7 +169,7 @@ def main(argv=None):
         max_rows = args.split_tokens // T
         if max_rows == 0:
             raise SystemExit(f"error: --split-tokens {args.split_tokens} is less than one row of {T} tokens; raise it")
-        token_bytes = get_token_bytes(device)
+        token_bytes = get_token_bytes(device, tokenizer_dir)
         data_dir = args.data_dir or meta.get("settings", {}).get("data_dir") or None
         results["bpb"], results["bpb_tokens"] = {}, {}
         for split in ("train", "val"):

@@ -42,6 +42,7 @@ from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, fused, liger, liveness  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
+from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
 from nanochat.gpt import attention_backend, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_ratio,  # noqa: E402
@@ -120,10 +121,11 @@ def choose_device_batch(args, config, device, world_size, use_compile):
     props = torch.cuda.get_device_properties(device)
     divides = lambda b: args.total_batch_size % (b * T * world_size) == 0  # noqa: E731
     batch, est, first = fitting_batch(config, cap, props.total_memory, world_size=world_size, compile=use_compile,
+                                      fp8=args.fp8,
                                       accum_for=lambda b: args.total_batch_size // (b * T * world_size),
                                       allowed=divides)
     memory = f"{props.total_memory / GIB:.1f} GiB of the {props.name}"
-    mode = "compiled" if use_compile else "eager"
+    mode = ("compiled" if use_compile else "eager") + (", fp8" if args.fp8 else "")
     if batch is None:
         raise SystemExit(f"error: the model does not fit in {memory} even at device batch 1 ({mode}, estimated "
                          f"{est.needed / GIB:.1f} GiB with the margin): use a GPU with more memory"
@@ -292,16 +294,19 @@ def main(argv=None):
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader, SplitRows, reshard_states
-    from nanochat.data.shards import DatasetError, check_enough_data, corpus_record
+    from nanochat.data.shards import DatasetError, check_enough_data, check_tokenizer_corpus, corpus_record
     from nanochat.optim import build_optimizer
-    from nanochat.tokenizer import fingerprint, get_token_bytes, get_tokenizer
+    from nanochat.tokenizer import default_tokenizer_dir, fingerprint, get_token_bytes, get_tokenizer
 
-    tokenizer = get_tokenizer()
+    tokenizer_dir = default_tokenizer_dir(args.corpus)  # one per corpus, side by side
+    tokenizer = get_tokenizer(tokenizer_dir)
     vocab_size = tokenizer.get_vocab_size()
     if args.vocab_size and args.vocab_size != vocab_size:
+        corpus_flag = "" if args.corpus == "fineweb-edu" else f" --corpus {args.corpus}"
         raise SystemExit(f"error: the config expects vocab_size={args.vocab_size} but the trained tokenizer has "
-                         f"{vocab_size}; retrain it with `python -m scripts.tok_train --vocab-size {args.vocab_size}`")
-    token_bytes = get_token_bytes(device=device)
+                         f"{vocab_size}; retrain it with `python -m scripts.tok_train --vocab-size {args.vocab_size}"
+                         f"{corpus_flag}`")
+    token_bytes = get_token_bytes(device=device, tokenizer_dir=tokenizer_dir)
 
     try:
         config = model_config_for(args, vocab_size)
@@ -314,6 +319,8 @@ def main(argv=None):
     if backend is not None and not backend.runs_on(device.type):
         raise SystemExit(f"error: --hc-kernels {config.hc_kernels} runs Triton kernels on CUDA only, not on "
                          f"{device.type}; use --hc-kernels torch or auto")
+    if args.fp8:
+        check_fp8_device(device)
     use_compile = args.compile if args.compile is not None else device.type == "cuda"
     if args.total_batch_size == AUTO:
         args.total_batch_size, batch_note = resolve_total_batch(args, config, vocab_size)
@@ -358,6 +365,10 @@ def main(argv=None):
     model = build_model(config, device)
     if resume_meta is not None:
         model.load_state_dict(ckpt.load_model_state(run_dir, start_step, device), strict=True)
+    if args.fp8:  # before compiling: the graphs are traced with the float8 layers
+        converted, kept = convert_fp8(model)
+        print0(f"fp8: {len(converted)} linear layers train in float8 (e4m3 forward, e5m2 gradients); "
+               f"{len(kept)} stay as they are ({', '.join(sorted(set(kept.values())))})")
     orig_model = model
     if use_compile:
         model = compiled(model, args.compile_mode)
@@ -397,11 +408,13 @@ def main(argv=None):
     print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}, "
            f"attention {attention_backend(config.attention, device)} (--attention {config.attention})")
 
+    corpus = corpus_record(args.data_dir or None, args.corpus)
+    data_dir = corpus["data_dir"]  # the --corpus's own directory when no --data-dir names one
     try:  # on every rank (it reads metadata only), so that all of them stop together
-        check_enough_data(num_iterations * args.total_batch_size, data_dir=args.data_dir or None)
+        check_enough_data(num_iterations * args.total_batch_size, data_dir=data_dir)
+        check_tokenizer_corpus(corpus, tokenizer_dir)
     except DatasetError as e:
         raise SystemExit(f"error: {e}") from None
-    corpus = corpus_record(args.data_dir or None)
     print0(f"data: {corpus['description']} in {corpus['data_dir']}")
     core_bundle = None
     if args.core_metric_every > 0:  # check the bundle and the task list now, not at step 2000
@@ -418,7 +431,8 @@ def main(argv=None):
         matrix_lr=args.matrix_lr * batch_lr_scale, weight_decay=weight_decay, hc_lr=args.hc_lr * batch_lr_scale,
         scalar_lr=args.scalar_lr * batch_lr_scale, x0_betas=(args.x0_beta1, 0.95))
     optimizer = build_optimizer(groups, info.world_size)
-    data_dir = args.data_dir or None
+    # 2026-07 packs rows as nanochat 92d63d4's loader does (a tokenizer batch per refill)
+    batch_refill = args.trunk == trunks.MODERN
     order_seed = args.data_seed if args.data_seed >= 0 else None
     loader_state = None
     if resume_meta is not None:
@@ -445,12 +459,12 @@ def main(argv=None):
     try:
         train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
                                      world_size=info.world_size, data_dir=data_dir, state=loader_state,
-                                     order_seed=order_seed)
+                                     order_seed=order_seed, batch_refill=batch_refill)
     except ValueError as e:  # a saved dataloader state that does not match this run
         raise SystemExit(f"error: {e}") from None
     # The val rows every evaluation reads, packed once (the same rows whatever the number of ranks).
-    val_rows = (SplitRows(tokenizer, T, "val", max(1, args.eval_tokens // T), info.rank, info.world_size, data_dir)
-                if args.eval_every != 0 else None)
+    val_rows = (SplitRows(tokenizer, T, "val", max(1, args.eval_tokens // T), info.rank, info.world_size, data_dir,
+                          batch_refill=batch_refill) if args.eval_every != 0 else None)
     facts = gather_objects(preflight.rank_facts(info.rank, run_dir, token_bytes, train_loader, val_rows), info)
     preflight.check(facts, run_dir, info.rank)
     if info.ddp:
@@ -527,7 +541,7 @@ def main(argv=None):
     def evaluate_val_bpb():
         from nanochat.loss_eval import evaluate_bpb
         B = args.device_batch_size
-        with autocast:
+        with autocast, disabled(orig_model):
             model.eval()
             result = evaluate_bpb(model, val_rows.batches(B, device), val_rows.num_batches(B), token_bytes)
         model.train()
@@ -541,7 +555,7 @@ def main(argv=None):
         from nanochat.core_eval import evaluate_core as run_core
         orig_model.eval()
         max_per_task = args.core_metric_max_per_task
-        with autocast:
+        with autocast, disabled(orig_model):
             out = run_core(orig_model, tokenizer, device, core_bundle, max_per_task=max_per_task,
                            tasks=args.core_tasks, max_seq_len=orig_model.rotary_len)
         orig_model.train()
@@ -550,7 +564,7 @@ def main(argv=None):
     def print_samples():
         orig_model.eval()
         bos = tokenizer.get_bos_token_id()
-        with autocast:
+        with autocast, disabled(orig_model):
             for prompt in SAMPLE_PROMPTS:
                 ids = tokenizer.encode(prompt, prepend=bos)
                 out = list(orig_model.generate(ids, max_tokens=16, temperature=0))
@@ -562,7 +576,7 @@ def main(argv=None):
         with BestFitLoader(tokenizer, 1, T, "val", device=device, data_dir=data_dir) as val_loader:
             x, _ = next(val_loader)
         orig_model.eval()
-        with autocast:
+        with autocast, disabled(orig_model):
             stats = collect_hc_stats(orig_model, x)
         orig_model.train()
         return stats
@@ -744,7 +758,7 @@ def main(argv=None):
             "flops_per_token": flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
             "train_seconds": loop["train_seconds"], "wall_seconds": elapsed_before + time.time() - t_start,
             # bits per byte compare only on one corpus and one tokenizer
-            "dataset": corpus["description"], "tokenizer": fingerprint(),
+            "dataset": corpus["description"], "tokenizer": fingerprint(tokenizer_dir),
         }
         ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
         print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "

@@ -291,7 +291,7 @@ def resolve_run_dir(path):
     raise SystemExit(f"error: --checkpoint {path}: neither a directory nor a model tag under {os.path.dirname(tagged)}")
 
 
-def checkpoint_tokens(args, model, device):
+def checkpoint_tokens(args, model, device, run_dir):
     """(token ids (B, T), description): a validation batch, or random ids when asked."""
     T = args.seq_len or model.config.sequence_len
     if T > model.rotary_len:
@@ -302,9 +302,9 @@ def checkpoint_tokens(args, model, device):
             f"random tokens (seed {args.seed}), not validation data"
     from nanochat.data.shards import DatasetError
     from nanochat.dataloader import build_val_loader
-    from nanochat.tokenizer import get_tokenizer
+    from nanochat.tokenizer import get_tokenizer, run_tokenizer_dir
     try:
-        tokenizer = get_tokenizer(args.tokenizer_dir)
+        tokenizer = get_tokenizer(args.tokenizer_dir or run_tokenizer_dir(run_dir))
         if tokenizer.get_vocab_size() != model.config.vocab_size:
             raise SystemExit(f"error: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model was "
                              f"trained with {model.config.vocab_size}; pass the run's --tokenizer-dir "
@@ -411,13 +411,14 @@ def liveness_lines(rows, total, variant):
 def report_checkpoint(args):
     from nanochat.checkpoint import atomic_write, load_model
     from nanochat.common import autodetect_device_type, compute_dtype
+    from nanochat.gpt import autocast_for
     run_dir = resolve_run_dir(args.checkpoint)
     device_type = args.device_type or autodetect_device_type()
     device = torch.device(device_type)
     model, meta = load_model(run_dir, step=args.step, device=device)
-    x, source = checkpoint_tokens(args, model, device)
+    x, source = checkpoint_tokens(args, model, device, run_dir)
     dtype = compute_dtype(device_type)
-    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+    with autocast_for(model.config, device_type, dtype):
         stats = collect_hc_stats(model, x)
     stats.update(step=meta.get("step", args.step), tokens_source=source)
     rows, total = gradient_liveness(model, x)
@@ -512,7 +513,7 @@ def build_parser():
                         help="cuda|cpu|mps (default: autodetect)")
     parser.add_argument("--data-dir", type=existing_dir, default=None,
                         help="shard directory (default $NANOCHAT_BASE_DIR/base_data)")
-    parser.add_argument("--tokenizer-dir", type=existing_dir, default=None, help="default $NANOCHAT_BASE_DIR/tokenizer")
+    parser.add_argument("--tokenizer-dir", type=existing_dir, default=None, help="default the run's (its corpus's: $NANOCHAT_BASE_DIR/tokenizer or tokenizer_climbmix)")
     return parser
 
 

@@ -15,7 +15,6 @@ files (`dataset_path: json` with `data_files`) need no network. Needs the `eval`
 """
 
 import argparse
-import contextlib
 import json
 import os
 
@@ -80,19 +79,18 @@ def main(argv=None):
         print(f"lm-eval task data ready: {', '.join(tasks)}")
         return
 
-    import torch
-
     from nanochat import checkpoint
     from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
+    from nanochat.gpt import autocast_for
     from nanochat.engine import Inference, compile_default
     from nanochat.lm_eval_adapter import NanochatLM
-    from nanochat.tokenizer import check_vocab, get_tokenizer
+    from nanochat.tokenizer import check_vocab, get_tokenizer, run_tokenizer_dir
 
     info, device = compute_init(args.device_type)
     dtype = compute_dtype(device.type)
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
     model, meta = checkpoint.load_model(run_dir, step=args.step, device=device)
-    tokenizer = get_tokenizer()
+    autocast = lambda: autocast_for(model.config, device.type, dtype)  # noqa: E731  (a fresh context per use)
+    tokenizer = get_tokenizer(run_tokenizer_dir(run_dir))
     try:
         check_vocab(tokenizer, model.config.vocab_size)
     except ValueError as e:

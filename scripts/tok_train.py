@@ -61,14 +61,15 @@ def build_parser():
                              "climbmix: base_data_climbmix); the run's --corpus must match it")
     parser.add_argument("--data-dir", type=existing_dir, default=None,
                         help="shard directory (default the --corpus's)")
-    parser.add_argument("--tokenizer-dir", default=None, help="output (default $NANOCHAT_BASE_DIR/tokenizer)")
+    parser.add_argument("--tokenizer-dir", default=None, help="output (default the --corpus's: $NANOCHAT_BASE_DIR/tokenizer for "
+                             "fineweb-edu, tokenizer_climbmix for climbmix)")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     directory = data_dir(args.data_dir, args.corpus)
-    out = args.tokenizer_dir or default_tokenizer_dir()
+    out = args.tokenizer_dir or default_tokenizer_dir(args.corpus)
     try:
         list_parquet_files("train", directory)  # fail on missing data before anything else
         corpus = corpus_record(directory)

@@ -3,7 +3,10 @@ bitwise, the log names the trunk, a resume on the other trunk is refused with on
 its rules that set the run's size (automatic batch, weight decay, schedules) as nanochat 92d63d4
 states them."""
 
+import json
 import math
+import os
+import shutil
 
 import pytest
 
@@ -12,12 +15,18 @@ from nanochat.train_config import model_config_for, parse_args, resolve_total_ba
 from scripts.base_train import lr_multiplier, muon_momentum, muon_weight_decay
 from test_train_e2e import base, kill_resume_and_compare, train  # noqa: F401  (base: the fixture)
 
-MODERN = ["--trunk", "2026-07", "--corpus", "fineweb-edu"]  # the tests' corpus is in base_data
+MODERN = ["--trunk", "2026-07"]
 
 
 @pytest.mark.slow
 def test_a_2026_07_run_resumes_bitwise_and_keeps_its_trunk(base):  # noqa: F811
+    """On its own corpus directory and tokenizer (ClimbMix's, by default: here the tests' corpus
+    and tokenizer copied there), a run killed and resumed equals the straight one."""
+    for default, climbmix in (("base_data", "base_data_climbmix"), ("tokenizer", "tokenizer_climbmix")):
+        shutil.move(os.path.join(base, default), os.path.join(base, climbmix))
     kill_resume_and_compare(base, [*MODERN, "--hc", "kromhc", "--num-iterations", "8", "--save-every", "2"])
+    corpus = json.load(open(os.path.join(base, "runs", "straight", "corpus.json")))
+    assert corpus["data_dir"] == os.path.join(base, "base_data_climbmix")
     proc = train(base, "--num-iterations", "8", "--model-tag", "straight", "--resume", "true", check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "trained on the 2026-07 trunk, not 2026-01: resume it with --trunk 2026-07" in proc.stderr.strip().splitlines()[-1]
@@ -69,3 +78,11 @@ def test_the_trunks_defaults_and_an_explicit_flag():
     for name, value in trunks.FLAG_DEFAULTS["2026-07"].items():
         assert getattr(new, name) == value, name
     assert parse_args(["--trunk", "2026-07", "--warmdown-ratio", "0.3"]).warmdown_ratio == 0.3
+
+
+@pytest.mark.slow
+def test_fp8_off_cuda_is_one_error_line(base):  # noqa: F811
+    proc = train(base, "--fp8", "true", "--num-iterations", "1", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert lines[-1].startswith("error: --fp8 needs a CUDA GPU") and "drop --fp8" in lines[-1], lines[-1]

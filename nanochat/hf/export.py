@@ -25,7 +25,7 @@ from nanochat.hf.configuration import MODEL_TYPE, NanochatHCConfig
 from nanochat.hf.model_card import model_card
 from nanochat.hf.tokenizer import export_tokenizer
 from nanochat.lm_eval_run import lm_eval_record
-from nanochat.tokenizer import check_vocab, default_tokenizer_dir, get_tokenizer
+from nanochat.tokenizer import check_vocab, get_tokenizer, run_tokenizer_dir
 
 CONFIG_MODULE = f"configuration_{MODEL_TYPE}"
 MODELING_MODULE = f"modeling_{MODEL_TYPE}"
@@ -94,11 +94,12 @@ def discovered_modules():
 
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     """Write the export of run_dir's checkpoint (`step`, default the latest) to `out`, with
-    the trained tokenizer (base_dir()/tokenizer), which must be the run's."""
+    the trained tokenizer of the run's corpus (base_dir()/tokenizer, or tokenizer_climbmix),
+    which must be the run's."""
     from nanochat.hf.modeling import NanochatHCForCausalLM  # transformers: imported when used
 
     check_out_dir(out, overwrite)
-    tokenizer_dir = default_tokenizer_dir()
+    tokenizer_dir = run_tokenizer_dir(run_dir)
     tokenizer = get_tokenizer(tokenizer_dir)
     model, meta = checkpoint.load_model(run_dir, step=step, device="cpu")
     check_variant_ships(model.config.hc)
