@@ -72,10 +72,13 @@ def test_the_cycle_finder_finds_one():
     assert cycle({"a": {"b"}, "b": {"c"}}) is None
 
 
-def test_nothing_imports_a_script_and_the_connections_import_only_common_and_flags():
+def test_nothing_imports_a_script_and_the_connections_import_only_common_flags_and_trunks():
+    """trunks.py: the trunk names a config carries (a leaf module: it imports no other)."""
+    assert not [n for n in imports(NANOCHAT / "trunks.py") if n.startswith("nanochat")]
     for path in NANOCHAT.rglob("*.py"):
         names = imports(path)
         assert not [n for n in names if n == "scripts" or n.startswith("scripts.")], path
         if path.parent.name == "connections":
-            outside = {unit(n) for n in names if n.startswith("nanochat.")} - {"connections", "common", "flags"}
+            outside = {unit(n) for n in names if n.startswith("nanochat.")} - {"connections", "common", "flags",
+                                                                                 "trunks"}
             assert not outside, (path, outside)
