@@ -5,13 +5,23 @@ state across ranks (ZeRO-2 style, no DDP wrapper); `build_optimizer` picks one.
 
 Groups are dicts with "kind":
   "adamw": params, lr, betas, eps (1e-10), weight_decay (0), replicated (False: see
-           DistMuonAdamW)
+           DistMuonAdamW), nanochat_order (False)
   "muon":  params of one 2-D shape, lr, momentum (0.95), ns_steps (5), beta2 (0.95),
-           weight_decay (0)
+           weight_decay (0), muoneq (False), muon_plus (False), polar_norm_factor (1.02),
+           nanochat_order (False)
 and an optional "name" (default "<kind><index>"), which keys the gradient norms. Every group
 gets "initial_lr" = lr. The training loop may change lr, momentum and weight_decay between
 steps; the kernels take them as 0-D CPU tensors so that a compiled kernel never recompiles
 for a new value.
+
+The defaults are nanochat 4d8dbaf's step (the 2026-01 trunk). nanochat 92d63d4's (the 2026-07
+trunk, `trunk_options`) adds MuonEq before the orthogonalization and Muon+ after it,
+normalizes Polar Express's input by 1.01 ||X||_F instead of 1.02 ||X||_F, and takes Muon's
+beta2 at 0.9. `nanochat_order` changes no formula, only rounding: the moments are updated
+with lerp and NorMuon's rescaling is computed from the second-moment sums, in the order of
+operations of nanochat's kernels (both commits'), so that in fp32 eager the step equals
+nanochat's bit for bit. The 2026-01 trunk keeps this module's own order, which its runs
+trained with.
 
 Checkpoints: state_dict() is this rank's shard; load_resharded() loads the shards saved by
 any number of ranks (each param's state gathered whole, exactly, then re-sharded), so a run
@@ -51,17 +61,37 @@ COMPILE_ON_CUDA = os.environ.get("NANOCHAT_COMPILE_OPTIM", "1") != "0"
 # DistMuonAdamW all-reduces AdamW params below this size instead of sharding them.
 SMALL_PARAM_NUMEL = 1024
 
-_ADAMW_DEFAULTS = {"eps": 1e-10, "weight_decay": 0.0, "replicated": False}
-_MUON_DEFAULTS = {"momentum": 0.95, "ns_steps": 5, "beta2": 0.95, "weight_decay": 0.0}
+_ADAMW_DEFAULTS = {"eps": 1e-10, "weight_decay": 0.0, "replicated": False, "nanochat_order": False}
+_MUON_DEFAULTS = {"momentum": 0.95, "ns_steps": 5, "beta2": 0.95, "weight_decay": 0.0, "muoneq": False,
+                  "muon_plus": False, "polar_norm_factor": 1.02, "nanochat_order": False}
 _REQUIRED = {"adamw": ("lr", "betas"), "muon": ("lr",)}
 _COMMON_KEYS = {"params", "kind", "name", "lr", "initial_lr"}
 _ALLOWED = {"adamw": _COMMON_KEYS | {"betas"} | set(_ADAMW_DEFAULTS), "muon": _COMMON_KEYS | set(_MUON_DEFAULTS)}
 
 
-def polar_express(G, ns_steps=5):
+# The group options of each trunk (nanochat/trunks.py): 2026-01 takes the defaults above;
+# 2026-07 is nanochat 92d63d4's step (nanochat/optim.py there: MuonEq lines 138-141, the
+# 1.01 norm factor line 144, Muon+ lines 158-161; Muon's beta2 0.9 in gpt.py setup_optimizer).
+TRUNK_OPTIONS = {
+    "2026-01": {"adamw": {}, "muon": {}},
+    "2026-07": {"adamw": dict(nanochat_order=True),
+                "muon": dict(muoneq=True, muon_plus=True, polar_norm_factor=1.01, beta2=0.9, nanochat_order=True)},
+}
+
+
+def trunk_options(trunk, kind):
+    """The options a group of `kind` ("adamw" or "muon") takes on `trunk`, to merge into it."""
+    if trunk not in TRUNK_OPTIONS:
+        raise ValueError(f"trunk={trunk!r} has no optimizer options; use one of {', '.join(TRUNK_OPTIONS)}")
+    return dict(TRUNK_OPTIONS[trunk][kind])
+
+
+def polar_express(G, ns_steps=5, norm_factor=1.02):
     """Approximate polar factor U V^T of each matrix in G (..., rows, cols), computed in G's
-    dtype. Not exact: singular values come out near 1, not at 1."""
-    X = G / (G.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+    dtype. Not exact: singular values come out near 1, not at 1. The input is scaled by
+    1 / (norm_factor ||G||_F) first, so that every singular value lies below 1, where the
+    coefficients were designed (for a safety factor 2e-2: hence 1.02; 92d63d4 uses 1.01)."""
+    X = G / (G.norm(dim=(-2, -1), keepdim=True) * norm_factor + 1e-6)
     tall = G.size(-2) > G.size(-1)
     for a, b, c in POLAR_EXPRESS_COEFFS[:ns_steps]:
         # Square the smaller Gram matrix: X^T X for tall matrices, X X^T otherwise.
@@ -74,10 +104,14 @@ def polar_express(G, ns_steps=5):
     return X
 
 
-def adamw_update(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd):
+def adamw_update(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, nanochat_order=False):
     """One AdamW step on one tensor, in place: decoupled weight decay, bias-corrected moments.
     The math runs in fp32 and is written back in each tensor's own dtype (bf16 embeddings
-    on CUDA keep bf16 state). Hyper-parameters are 0-D CPU tensors."""
+    on CUDA keep bf16 state). Hyper-parameters are 0-D CPU tensors. nanochat_order: the same
+    formulas in nanochat's order of operations (moments by lerp, the step through add_'s alpha)."""
+    if nanochat_order:
+        _adamw_in_nanochat_order(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd)
+        return
     g = grad.float()
     m = exp_avg.float() * beta1 + g * (1 - beta1)
     v = exp_avg_sq.float() * beta2 + g.square() * (1 - beta2)
@@ -89,20 +123,81 @@ def adamw_update(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd):
     exp_avg_sq.copy_(v)
 
 
-def muon_update(grads, params, momentum_buffer, second_momentum_buffer, momentum, lr, wd, beta2,
-                ns_steps, red_dim, ortho_dtype):
-    """One Muon step on a stack of K same-shape matrices (K, rows, cols), in place on params
-    and both buffers. lr is already scaled by the shape; hyper-parameters are 0-D CPU tensors."""
-    # Nesterov momentum: the buffer is an EMA of gradients, the update looks one step ahead.
-    momentum_buffer.mul_(momentum).add_((1 - momentum) * grads)
-    g = (1 - momentum) * grads + momentum * momentum_buffer
-    X = polar_express(g.to(ortho_dtype), ns_steps).to(params.dtype)
-    # NorMuon: orthogonalized rows (or columns) come out with uneven scales; divide each by an
-    # EMA of its RMS (taken over the shorter dim), then restore the matrix's Frobenius norm.
+def _adamw_in_nanochat_order(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd):
+    """adamw_update's formulas evaluated as nanochat 92d63d4's adamw_step_fused evaluates
+    them, so that fp32 results agree bit for bit (lerp rounds unlike m beta1 + g (1 - beta1),
+    and add_ with alpha may fuse the multiply)."""
+    g = grad.float()
+    p32, m, v = p.float(), exp_avg.float(), exp_avg_sq.float()  # fp32 tensors are updated in place
+    p32.mul_(1 - lr * wd)
+    m.lerp_(g, 1 - beta1)
+    v.lerp_(g.square(), 1 - beta2)
+    bias1 = 1 - beta1 ** step
+    bias2 = 1 - beta2 ** step
+    p32.add_(m / ((v / bias2).sqrt() + eps), alpha=-(lr / bias1))
+    p.copy_(p32)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+
+
+def muoneq(X):
+    """MuonEq row equilibration (arXiv 2603.28254): every row of each matrix rescaled to the
+    matrix's RMS row norm ||X||_F / sqrt(rows), which leaves ||X||_F unchanged and conditions
+    the spectrum that enters the orthogonalization. Norms in fp32 (X may be bf16)."""
+    target = X.float().norm(dim=(-2, -1), keepdim=True) / X.size(-2) ** 0.5
+    row_norm = X.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    return X * (target / row_norm).to(X.dtype)
+
+
+def muon_plus(X):
+    """Muon+ (arXiv 2602.21545): each matrix rescaled to Frobenius norm sqrt(min(rows, cols)),
+    that of an exactly semi-orthogonal matrix, which Polar Express's singular values near 1
+    only approach."""
+    target = min(X.size(-2), X.size(-1)) ** 0.5
+    norm = X.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
+    return X * (target / norm).to(X.dtype)
+
+
+def normuon(X, second_momentum_buffer, beta2, red_dim, nanochat_order=False):
+    """NorMuon (arXiv 2510.05491): orthogonalized rows (or columns) come out with uneven
+    scales; divide each by the root of an EMA of its mean square (taken over red_dim, the
+    shorter dim; the buffer is updated in place), then restore the matrix's Frobenius norm.
+    nanochat_order: the norms from the mean squares, as nanochat evaluates them."""
     v_mean = X.float().square().mean(dim=red_dim, keepdim=True)
-    second_momentum_buffer.mul_(beta2).add_((1 - beta2) * v_mean.to(second_momentum_buffer.dtype))
-    U = X * second_momentum_buffer.clamp_min(1e-10).rsqrt()
-    U = U * (X.norm(dim=(-2, -1), keepdim=True) / U.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+    if not nanochat_order:
+        second_momentum_buffer.mul_(beta2).add_((1 - beta2) * v_mean.to(second_momentum_buffer.dtype))
+        U = X * second_momentum_buffer.clamp_min(1e-10).rsqrt()
+        return U * (X.norm(dim=(-2, -1), keepdim=True) / U.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+    beta2 = beta2.to(X.dtype)
+    n = X.size(red_dim)
+    norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * n).sqrt()
+    second_momentum_buffer.lerp_(v_mean.to(second_momentum_buffer.dtype), 1 - beta2)
+    scale = second_momentum_buffer.clamp_min(1e-10).rsqrt()
+    new_norm = ((v_mean * n) * scale.float().square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    return X * (scale * (norm / new_norm.clamp_min(1e-10))).to(X.dtype)
+
+
+def muon_update(grads, params, momentum_buffer, second_momentum_buffer, momentum, lr, wd, beta2,
+                ns_steps, red_dim, ortho_dtype, use_muoneq=False, use_muon_plus=False, norm_factor=1.02,
+                nanochat_order=False):
+    """One Muon step on a stack of K same-shape matrices (K, rows, cols), in place on params
+    and both buffers. lr is already scaled by the shape; hyper-parameters are 0-D CPU tensors.
+    The options are a group's muoneq, muon_plus, polar_norm_factor and nanochat_order."""
+    # Nesterov momentum: the buffer is an EMA of gradients, the update looks one step ahead.
+    if nanochat_order:
+        momentum = momentum.to(grads.dtype)  # lerp's weight in the tensors' dtype
+        momentum_buffer.lerp_(grads, 1 - momentum)
+        g = grads.lerp(momentum_buffer, momentum)
+    else:
+        momentum_buffer.mul_(momentum).add_((1 - momentum) * grads)
+        g = (1 - momentum) * grads + momentum * momentum_buffer
+    X = g.to(ortho_dtype)
+    if use_muoneq:
+        X = muoneq(X)
+    X = polar_express(X, ns_steps, norm_factor).to(params.dtype)
+    if use_muon_plus:
+        X = muon_plus(X)
+    U = normuon(X, second_momentum_buffer, beta2, red_dim, nanochat_order)
     # Cautious weight decay: decay only the coordinates the update moves the same way.
     mask = (U * params) >= 0
     params.sub_(lr * U + (lr * wd) * params * mask)
@@ -204,6 +299,9 @@ class MuonAdamW(torch.optim.Optimizer):
         if not 1 <= group["ns_steps"] <= len(POLAR_EXPRESS_COEFFS):
             raise ValueError(f"muon group {index}: ns_steps={group['ns_steps']}, but Polar Express "
                              f"has coefficients for 1..{len(POLAR_EXPRESS_COEFFS)} iterations")
+        if not group["polar_norm_factor"] >= 1.0:  # below 1 the top singular value may leave [0, 1]
+            raise ValueError(f"muon group {index}: polar_norm_factor={group['polar_norm_factor']}; use a value "
+                             ">= 1 (1.02, or 1.01 as nanochat 92d63d4)")
         for p in params:
             if p.ndim != 2:
                 raise ValueError(f"muon group {index} ({group['name']}) holds a {p.ndim}-D param of shape "
@@ -247,7 +345,7 @@ class MuonAdamW(torch.optim.Optimizer):
             flat = [torch.cat([t.reshape(-1) for t in tensors]) for tensors in updated]
             grad = torch.cat([g.reshape(-1) for g in grads])
         kernel = _kernel(adamw_update, params[0].device, dynamic=True)
-        kernel(flat[0], grad, flat[1], flat[2], *scalars)
+        kernel(flat[0], grad, flat[1], flat[2], *scalars, group["nanochat_order"])
         if len(params) > 1:
             sizes = [p.numel() for p in params]
             for tensors, buffer in zip(updated, flat):
@@ -284,7 +382,9 @@ class MuonAdamW(torch.optim.Optimizer):
                              muon_wd=group["weight_decay"], muon_beta2=group["beta2"])
         kernel = _kernel(muon_update, params.device, dynamic=False)
         kernel(grads, params, state["momentum_buffer"], state["second_momentum_buffer"], *scalars,
-               group["ns_steps"], red_dim, _ortho_dtype(params.device.type))
+               group["ns_steps"], red_dim, _ortho_dtype(params.device.type), use_muoneq=group["muoneq"],
+               use_muon_plus=group["muon_plus"], norm_factor=group["polar_norm_factor"],
+               nanochat_order=group["nanochat_order"])
 
     # ---- gradient norms
 
@@ -342,6 +442,10 @@ class MuonAdamW(torch.optim.Optimizer):
                              f"this is rank {self.rank} of {self.world_size}; load optim_<step>_rank<r>.pt on "
                              "rank r, or every rank's file with load_resharded()")
         super().load_state_dict(state_dict)
+        # The saved groups replace ours; one saved before a group option existed ran its default.
+        for group in self.param_groups:
+            for key, value in (_ADAMW_DEFAULTS if group["kind"] == "adamw" else _MUON_DEFAULTS).items():
+                group.setdefault(key, value)
 
     # ---- another world size: gather every rank's shard, keep this rank's new one
 
