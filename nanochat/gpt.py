@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from nanochat import connections, trunks
+from nanochat import connections, optim, trunks
 from nanochat.common import compute_dtype
 
 
@@ -583,7 +583,7 @@ class GPT(nn.Module):
         connections.StreamConnections.param_groups); Muon for the transformer matrices, one
         group per shape. Connection parameters never reach Muon."""
         dmodel_scale = (self.config.n_embd / 768) ** -0.5
-        adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0)
+        adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0, **optim.trunk_options(self.config.trunk, "adamw"))
         # 2026-07 (92d63d4 gpt.py setup_optimizer): its own betas and weight decays per group,
         # the value embeddings at half the embedding LR; 2026-01: adam_betas and no decay.
         modern = self.shape.smear_backout
@@ -604,7 +604,7 @@ class GPT(nn.Module):
             groups.append(dict(adamw, replicated=True, name="trunk_scalars", params=self.trunk_scalars(),
                                lr=TRUNK_SCALAR_LR, betas=(0.8, 0.95)))
         matrices = list(self.transformer.h.parameters())
-        muon = trunks.MUON_OPTIONS[self.config.trunk]
+        muon = optim.trunk_options(self.config.trunk, "muon")
         for shape in sorted({tuple(p.shape) for p in matrices}):
             groups.append(dict(dict(kind="muon", name=f"muon_{'x'.join(map(str, shape))}",
                                     params=[p for p in matrices if tuple(p.shape) == shape],

@@ -11,7 +11,8 @@
          that follows it, data:param 12 and ClimbMix.
 
 The model's differences live in nanochat/gpt.py (GPTConfig.trunk), the optimizer's in
-nanochat/optim.py (a Muon group's `muoneq` and `muon_plus`), the schedules in
+nanochat/optim.py (`trunk_options`: MuonEq, Muon+, Polar Express's 1.01 norm factor, beta2 0.9
+and nanochat's order of operations), the schedules in
 scripts/base_train.py. This module holds what both sides read: the names, the flags whose
 defaults differ by trunk, and the batch and weight-decay rules of 2026-07.
 """
@@ -32,13 +33,6 @@ FLAG_DEFAULTS = {
     "2026-07": dict(corpus="climbmix", target_param_data_ratio=12.0, total_batch_size="auto",
                     unembedding_lr=0.008, weight_decay=0.28, warmup_steps=40, warmdown_ratio=0.65,
                     final_lr_frac=0.05, x0_beta1=0.96, eval_tokens=80 * 524288),
-}
-
-# A Muon group's options by trunk (nanochat/optim.py): 92d63d4 always runs MuonEq and Muon+
-# (no flag) and Muon's second-moment beta2 at 0.9 (gpt.py setup_optimizer).
-MUON_OPTIONS = {
-    "2026-01": {},
-    "2026-07": dict(muoneq=True, muon_plus=True, beta2=0.9),
 }
 
 # 2026-07's reference point, where its hyperparameters were tuned: depth 12 at data:param
