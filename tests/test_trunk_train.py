@@ -27,7 +27,8 @@ def test_a_2026_07_run_resumes_bitwise_and_keeps_its_trunk(base):  # noqa: F811
     kill_resume_and_compare(base, [*MODERN, "--hc", "kromhc", "--num-iterations", "8", "--save-every", "2"])
     corpus = json.load(open(os.path.join(base, "runs", "straight", "corpus.json")))
     assert corpus["data_dir"] == os.path.join(base, "base_data_climbmix")
-    proc = train(base, "--num-iterations", "8", "--model-tag", "straight", "--resume", "true", check=False)
+    proc = train(base, "--num-iterations", "8", "--model-tag", "straight", "--resume", "true", "--corpus", "climbmix",
+                 check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "trained on the 2026-07 trunk, not 2026-01: resume it with --trunk 2026-07" in proc.stderr.strip().splitlines()[-1]
 
