@@ -57,6 +57,7 @@ ALLOWED = {
     ("scripts.base_train", "--matrix-lr"): {"0"},
     ("scripts.base_train", "--weight-decay"): {"0"},
     ("scripts.base_train", "--warmup-ratio"): {"0"},  # fractions of the run
+    ("scripts.base_train", "--warmup-steps"): {"0"},  # 0: by --warmup-ratio
     ("scripts.base_train", "--warmdown-ratio"): {"0"},
     ("scripts.base_train", "--final-lr-frac"): {"0"},
     ("scripts.base_train", "--hc-stats-every"): {"-1"},  # -1: never
