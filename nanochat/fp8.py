@@ -15,6 +15,10 @@ q, k, v and output projections, the MLP's two and the head. The value-embedding 
 are far narrower and stay as they are; a wiring's parameters never convert. Evaluation (val bpb,
 CORE, samples) runs the plain layers again (`disabled`): 92d63d4 evaluates in bf16.
 
+Our own layer rather than torchao's Float8Linear: nanochat dropped torchao for this same
+recipe, whose few lines need no dependency pinned to torch's version, and ours keeps the
+replaced layer's own weight parameter (state-dict keys and optimizer state stay as they are).
+
 Float8 matmuls need CUDA compute capability 8.9 or newer (`check_device`). torch also runs
 _scaled_mm on the CPU, which is how the tests run this code against a dequantized reference.
 """
