@@ -1,8 +1,11 @@
 """What is a connection worth? Compute multipliers of variants over a baseline, from finished
 runs (config.toml, summary.json, metrics.jsonl; no checkpoint).
 
-    python -m scripts.compare --runs-root DIR [--select GLOB] [--baseline TAG,TAG,...]
+    python -m scripts.compare --runs-root DIR [--select GLOB] [--trunk 2026-01|2026-07] [--baseline TAG,TAG,...]
         [--variant NAME=TAG,TAG,... (repeatable)] [--baseline-label residual] [--json PATH] [--out DIR]
+
+Runs of one trunk only (config.toml's `trunk`; docs/trunks.md): --trunk picks them, and runs of
+two trunks without it are refused.
 
 Without --baseline/--variant the runs under DIR whose names match --select (default `*`) group
 by connection label: the baseline label's runs (default residual) are the baseline, every other
@@ -24,12 +27,13 @@ import re
 import sys
 from pathlib import Path
 
+from nanochat import trunks
 from nanochat.cli import positive_int, run
 from nanochat.common import text_table
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.cm_section import MEANINGS, markdown, write_figures
 from nanochat.report.compute import tag_of
-from nanochat.report.runs import load_run, select_runs
+from nanochat.report.runs import load_run, one_trunk, select_runs
 
 NAME = re.compile(r"^[A-Za-z0-9_.+()= -]+$")
 
@@ -53,6 +57,8 @@ def build_parser():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-root", metavar="DIR", help="directory of run directories (default: <base dir>/runs)")
     parser.add_argument("--select", default="*", metavar="GLOB", help="only runs whose name matches (default: *)")
+    parser.add_argument("--trunk", choices=trunks.TRUNKS,
+                        help="only the runs of this trunk (default: the runs' one trunk; runs of two are refused)")
     parser.add_argument("--baseline", type=tags, metavar="TAG,TAG,...", help="the baseline's runs (default: by label)")
     parser.add_argument("--variant", type=variant_spec, action="append", metavar="NAME=TAG,TAG,...",
                         help="a variant's runs (repeatable; default: every label but the baseline's)")
@@ -96,7 +102,12 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     dirs = select_runs(args.runs_root, args.select)
     root = dirs[0].parent
-    names = [d.name for d in dirs]
+    try:
+        runs = one_trunk([load_run(d) for d in dirs], args.trunk)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}; compare one trunk's runs with --trunk "
+                         f"{' or --trunk '.join(trunks.TRUNKS)}") from None
+    names = [r.name for r in runs]
     variant_tags = dict(args.variant) if args.variant else None
     for flag, wanted in (("--baseline", args.baseline or []),
                          *((f"--variant {n}", t) for n, t in (variant_tags or {}).items())):
@@ -106,7 +117,7 @@ def main(argv=None):
                              f"--select {args.select!r}); runs there: {', '.join(names[:12])}"
                              + (" ..." if len(names) > 12 else ""))
     messages = []
-    spends = pool([load_run(d) for d in dirs], messages)
+    spends = pool(runs, messages)
     baseline, variants = select_groups(spends, args.baseline_label, args.baseline, variant_tags)
     study = compare(spends, baseline, variants, messages, resamples=args.resamples)
     for line in study.messages:  # diagnostics on stderr, the table on stdout

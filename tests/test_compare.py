@@ -5,12 +5,15 @@ input answered by one `error:` or `warning:` line."""
 
 import json
 import math
+import shutil
+
 import pytest
 from cm_curves import ladder_run
 
 from nanochat import compute_multiplier as cm
 from nanochat.cli import run
 from nanochat.report.build import write_report
+from nanochat.report.cm import check_comparable
 from nanochat.report.compute import spend_of
 from nanochat.report.runs import load_run
 from scripts import compare as compare_cli
@@ -252,6 +255,27 @@ def test_mixed_datasets_or_tokenizers_are_an_error(tmp_path, capsys, field, othe
     assert e.value.code == 1
     errors = lines_with(capsys.readouterr().err, "error:")
     assert len(errors) == 1 and f"mixed {field}s" in errors[0] and other in errors[0]
+
+
+def test_runs_of_two_trunks_are_refused_and_compared_one_trunk_at_a_time(tmp_path, capsys):
+    ladder(tmp_path, seeds=1)
+    for run_dir in sorted(tmp_path.iterdir()):  # the same ladder on the 2026-07 trunk
+        moved = shutil.copytree(run_dir, tmp_path / f"{run_dir.name}_t2607")
+        with open(moved / "config.toml", "a") as f:
+            f.write('trunk = "2026-07"\n')
+    with pytest.raises(SystemExit) as e:
+        run_compare(tmp_path)
+    message = str(e.value.code)
+    assert message.startswith("error: runs of 2 trunks (2026-01: d4_kromhc, ") and "2026-07: d4_kromhc_t2607" in message
+    assert message.endswith("with --trunk 2026-01 or --trunk 2026-07") and "\n" not in message
+    result = run_compare(tmp_path, "--trunk", "2026-07")
+    assert result["baseline"]["runs"] and all(name.endswith("_t2607") for name in result["baseline"]["runs"])
+    assert result["variants"]["kromhc"]["ladder_cm"] == pytest.approx(1.2, rel=0.03)
+    # the study itself refuses spends of two trunks (the report hands it one trunk's)
+    spends = [spend_of(load_run(tmp_path / name))[0] for name in ("d4_residual", "d6_residual_t2607")]
+    messages = []
+    check_comparable(spends, messages)
+    assert len(messages) == 1 and messages[0].startswith("error: mixed trunks (2026-01: d4_residual; 2026-07: ")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -8,23 +8,32 @@ Nothing is invented: a value that no file holds is printed as a dash, runs that 
 but not found are listed, runs without summary.json are marked incomplete, and runs that
 speedrun recorded as failed say why. Runs that differ only in their seeds form one row
 (`nanochat.report.runs.seed_groups`, `nanochat.stats`).
+
+Runs of another trunk than the paper's (config.toml's `trunk`, docs/trunks.md) get sections of
+their own after the paper's: their runs, results per depth and compute multiplier, never a row,
+ratio or difference beside a run of another trunk.
 """
 
 from pathlib import Path
 
+from nanochat import trunks
 from nanochat.report import paper
 from nanochat.report.figures import plot_curves, plot_gap, plot_grad_norms, plot_grad_tail, plot_params_vs_n, series
 from nanochat.report.beyond import beyond_table
 from nanochat.report.published import published_table
-from nanochat.report.cm_section import cm_section
+from nanochat.report.cm_section import cm_section, trunk_label
 from nanochat.report.collapse import collapse_section
 from nanochat.report.cost import cost_section
 from nanochat.report.harness import harness_section
-from nanochat.report.runs import beyond_paper, is_default_factors, is_main, method_order, seed_groups
+from nanochat.report.runs import beyond_paper, by_trunk, is_default_factors, is_main, method_order, seed_groups
 from nanochat.report.seeds import seed_table, task_sentence
 from nanochat.report.tables import (alpha_table, corpus_lines, factorization_table, fidelity_notes, identity_table,
                                     main_table, n_scaling_table, other_runs_table, paper_reference, params_vs_n_table,
-                                    runs_table, same_factors, stability_table, system_table, task_average, task_table)
+                                    runs_table, same_factors, stability_table, system_table, task_average, task_table,
+                                    trunk_table)
+
+# What each trunk is, for its sections' heading (nanochat/trunks.py).
+TRUNK_TITLES = {"2026-01": "nanochat 4d8dbaf, the paper's", "2026-07": "nanochat 92d63d4's recipe"}
 
 
 def select_reference(group, reference):
@@ -36,22 +45,68 @@ def select_reference(group, reference):
 
 
 def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None):
-    """Write out_dir/README.md and the figures beside it; return the README path.
+    """Write out_dir/README.md and the figures beside it; return the README path: the paper's
+    sections over the runs of the paper's trunk, then each other trunk's own.
     infer_bench: an inference benchmark (nanochat.report.cost.load_infer_bench) or None."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    others = by_trunk(runs)
+    paper_trunk = others.pop(trunks.DEFAULT, [])
+    parts = ["# nanochat-hc report",
+             "Tables and figures in the layout of the KromHC paper (arXiv 2601.21579), from the run "
+             "directories below. Our numbers first, the paper's beside them where a run matches a paper "
+             "configuration (depth, method, n, KromHC factors, alpha_res sharing). A dash is a value no "
+             "run file holds. CORE is on the paper's scale (x100)."]
+    if others:
+        parts.append(f"Runs of {len(others) + bool(paper_trunk)} trunk(s) (docs/trunks.md): "
+                     + (f"the paper's sections read the {len(paper_trunk)} run(s) of trunk {trunks.DEFAULT}; "
+                        if paper_trunk else "none on the paper's trunk; ")
+                     + "; ".join(f"trunk {t} has its own sections ({len(m)} run(s))" for t, m in others.items())
+                     + ". No table, ratio or compute multiplier reads runs of two trunks together.")
+    if paper_trunk or not others:
+        parts += paper_sections(paper_trunk, out, reference, notes, infer_bench)
+    elif notes:
+        parts += ["Missing:", "\n".join(f"- {n}" for n in notes)]
+    for trunk, members in others.items():
+        parts += trunk_sections(trunk, members, out)
+    if paper_trunk or not others:
+        parts += ["## The paper's numbers", paper_reference()]
+    readme = out / "README.md"
+    readme.write_text("\n\n".join(parts) + "\n")
+    return readme
+
+
+def trunk_sections(trunk, runs, out):
+    """The sections of a trunk other than the paper's: its runs, one results table per depth with
+    its loss curves, and its compute multiplier."""
+    name = f"Trunk {trunk} ({TRUNK_TITLES.get(trunk, 'docs/trunks.md')})"
+    parts = [f"## {name}: runs",
+             "The paper trained nothing on this trunk: no paper numbers beside these, and every comparison "
+             "below is between runs of this trunk.", runs_table(runs), corpus_lines(runs)]
+    groups = seed_groups(runs)
+    for depth in sorted({r.depth for r in runs if r.depth is not None}):
+        table = trunk_table(runs, depth, groups)
+        if table is None:
+            continue
+        parts += [f"### {name}: D={depth}", table]
+        rows = [groups[r.name] for r in sorted(runs, key=method_order)
+                if r.found and r.depth == depth and r.name in groups and r.metrics]
+        if rows:
+            path = plot_curves(rows, out / f"loss_{trunk_label(trunk)}_d{depth}.png", f"trunk {trunk}, D={depth}")
+            parts.append(f"![loss curves trunk {trunk} D={depth}]({path.name})")
+    parts += [f"## {name}: compute multiplier", cm_section(runs, out, trunk=trunk)]
+    return parts
+
+
+def paper_sections(runs, out, reference, notes, infer_bench):
+    """The sections in the paper's layout, over the runs of the paper's trunk."""
     found = [r for r in runs if r.found]
     missing = [r for r in runs if not r.found]
     depths = sorted({r.depth for r in runs if r.depth is not None})
     # The paper's sections read the runs in its configurations; the rest of the report reads all.
     paper_runs = [r for r in runs if not beyond_paper(r)]
     placed = set()
-    parts = ["# nanochat-hc report",
-             "Tables and figures in the layout of the KromHC paper (arXiv 2601.21579), from the run "
-             "directories below. Our numbers first, the paper's beside them where a run matches a paper "
-             "configuration (depth, method, n, KromHC factors, alpha_res sharing). A dash is a value no "
-             "run file holds. CORE is on the paper's scale (x100).",
-             "## Runs", runs_table(runs), corpus_lines(runs)]
+    parts = ["## Runs", runs_table(runs), corpus_lines(runs)]
     if missing or notes:
         lines = [f"- not found: `{r.path}`" for r in missing] + [f"- {n}" for n in notes]
         parts += ["Missing:", "\n".join(lines)]
@@ -163,7 +218,4 @@ def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None
     if other:
         parts += ["## Other runs", other]
     parts += ["## Fidelity notes", fidelity_notes(runs)]
-    parts += ["## The paper's numbers", paper_reference()]
-    readme = out / "README.md"
-    readme.write_text("\n\n".join(parts) + "\n")
-    return readme
+    return parts

@@ -70,8 +70,9 @@ def pool(runs, messages):
 
 
 def check_comparable(spends, messages):
-    """bpb compares only on one corpus and one tokenizer: an error line when they are mixed."""
-    for what, key in (("datasets", lambda s: s.dataset), ("tokenizers", lambda s: s.tokenizer)):
+    """bpb compares only on one trunk, one corpus and one tokenizer: an error line when they are mixed."""
+    for what, key in (("trunks", lambda s: s.trunk), ("datasets", lambda s: s.dataset),
+                      ("tokenizers", lambda s: s.tokenizer)):
         kinds = {}
         for s in spends:
             if key(s) is not None:

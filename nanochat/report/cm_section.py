@@ -9,6 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from nanochat import trunks
 from nanochat.isoflop import is_grid_run
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.figures import add_legend
@@ -173,15 +174,22 @@ def write_figures(study, out_dir, prefix="cm"):
     return figures
 
 
-def isoflop_subsection(runs, out_dir):
+def isoflop_subsection(runs, out_dir, figure="isoflop.png"):
     """The iso-FLOP frontier subsection of the report (nanochat/report/isoflop_section.py):
     markdown, or None when no run was trained to a FLOPs budget."""
-    return isoflop_markdown(runs, out_dir) or None
+    return isoflop_markdown(runs, out_dir, figure) or None
 
 
-def cm_section(runs, out_dir, baseline_label="residual"):
+def trunk_label(trunk):
+    """A trunk in file names: 2026-07 -> t202607."""
+    return "t" + trunk.replace("-", "")
+
+
+def cm_section(runs, out_dir, baseline_label="residual", trunk=trunks.DEFAULT):
     """The report's "Compute multiplier" section over all its runs, grouped by connection label;
-    says what is missing when there are not enough runs for a reading."""
+    says what is missing when there are not enough runs for a reading. One section per trunk
+    (the runs all of `trunk`): another trunk's figures carry its label in their names."""
+    prefix = "cm" if trunk == trunks.DEFAULT else f"cm_{trunk_label(trunk)}"
     messages = []
     # The iso-FLOP grid's runs (several per depth) have their own reading, the frontier below.
     spends = pool([r for r in runs if r.found and not is_grid_run(r)], messages)
@@ -196,11 +204,12 @@ def cm_section(runs, out_dir, baseline_label="residual"):
     parts = []
     if need:
         parts.append("Not enough runs for the full study: it needs " + " and ".join(need) + ". "
-                     "`bash speedrun.sh ladder` trains a ladder; `python -m scripts.compare` reads any runs.")
+                     f"`{'' if trunk == trunks.DEFAULT else f'TRUNK={trunk} '}bash speedrun.sh ladder` trains a "
+                     "ladder; `python -m scripts.compare` reads any runs.")
     if baseline and variants:
         study = compare(spends, baseline, variants, messages, resamples=200)
-        parts += [markdown(study, write_figures(study, out_dir)), "\n".join(MEANINGS)]
-    extra = isoflop_subsection(runs, out_dir)
+        parts += [markdown(study, write_figures(study, out_dir, prefix)), "\n".join(MEANINGS)]
+    extra = isoflop_subsection(runs, out_dir, "isoflop.png" if prefix == "cm" else f"{prefix}_isoflop.png")
     if extra:
         parts += ["### Iso-FLOP frontier", extra]
     return "\n\n".join(parts)

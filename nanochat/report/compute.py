@@ -12,7 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from nanochat import connections
+from nanochat import connections, trunks
 from nanochat.report.format import fmt
 from nanochat.report.runs import method_label, params, seeds_of
 from nanochat.train_config import FLAG_DEFAULTS
@@ -35,6 +35,7 @@ class Spend:
     device: str | None  # "<device name> x <world size>", None when unrecorded
     dataset: str | None
     tokenizer: str | None
+    trunk: str = trunks.DEFAULT
     curve: list = field(default_factory=list)  # [(flops, bpb)] of the val records with step > 0
     seconds_curve: list = field(default_factory=list)  # [(train seconds, bpb)], same records
     reconstructed: tuple = ()
@@ -130,4 +131,4 @@ def spend_of(run):
     return Spend(name=run.name, label=connection_label(run), depth=run.depth, seed=seeds_of(run), bpb=bpb,
                  flops=flops, tokens=tokens, seconds=seconds, wall_seconds=s.get("wall_seconds"), device=device,
                  dataset=dataset, tokenizer=s.get("tokenizer"), curve=curve, seconds_curve=seconds_curve,
-                 reconstructed=tuple(reconstructed)), None
+                 reconstructed=tuple(reconstructed), trunk=run.trunk), None

@@ -122,16 +122,16 @@ def write_figure(result, law, path):
     return path
 
 
-def isoflop_markdown(runs, out_dir):
+def isoflop_markdown(runs, out_dir, figure="isoflop.png"):
     """The report's iso-FLOP subsection (cm_section's hook puts it under "Compute multiplier"):
-    the frontier table, its note and figure, and what was skipped; "" when no run was trained to
-    a FLOPs budget."""
+    the frontier table, its note and figure (out_dir/figure), and what was skipped; "" when no
+    run was trained to a FLOPs budget."""
     result, front, law = study(runs)
     parts = []
     if front:
         parts += [md_table(HEADER, rows(result)), NOTE]
         if result["baseline_fit"]:
             parts.append(f"Baseline frontier: {result['baseline_fit']}.")
-        parts.append(f"![iso-FLOP frontier]({write_figure(result, law, Path(out_dir) / 'isoflop.png').name})")
+        parts.append(f"![iso-FLOP frontier]({write_figure(result, law, Path(out_dir) / figure).name})")
     parts += [f"- {m}" for m in result["messages"]]
     return "\n\n".join(parts)

@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanochat import connections
+from nanochat import connections, trunks
 from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt
 from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
@@ -73,6 +73,12 @@ class Run:
     @property
     def depth(self):
         return self._get("depth")
+
+    @property
+    def trunk(self):
+        """The trunk it trained on (config.toml's `trunk`); a run recorded before the field existed ran
+        on the default one."""
+        return self._get("trunk", trunks.DEFAULT)
 
     @property
     def variant(self):
@@ -213,6 +219,32 @@ def select_runs(runs_root, pattern):
     if not dirs:
         raise SystemExit(f"error: no run directory under {root} matches --select {pattern!r}")
     return dirs
+
+
+def by_trunk(runs):
+    """{trunk: its runs}, the trunks in nanochat/trunks.py's order (an unknown name last): no table,
+    ratio or compute multiplier reads runs of two trunks together."""
+    order = {t: i for i, t in enumerate(trunks.TRUNKS)}
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.trunk, []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+
+def one_trunk(runs, trunk=None):
+    """The runs of `trunk`, or with none given all of them when they share one trunk; else
+    ValueError saying which trunks are mixed."""
+    groups = by_trunk(runs)
+    if trunk is not None:
+        if trunk not in groups:
+            raise ValueError(f"no run of trunk {trunk} (the runs are on {', '.join(groups) or 'none'})")
+        return groups[trunk]
+    if len(groups) > 1:
+        listed = "; ".join(f"{t}: {', '.join(r.name for r in members[:3])}{' ...' if len(members) > 3 else ''}"
+                           for t, members in groups.items())
+        raise ValueError(f"runs of {len(groups)} trunks ({listed}): a trunk changes the model, the data and "
+                         "the schedule, so their runs do not compare")
+    return runs
 
 
 def read_config(path):

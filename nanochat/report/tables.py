@@ -104,6 +104,31 @@ def main_table(runs, depth, groups=None):
     return "\n\n".join(text + ["\n".join(f"- {n}" for n in dict.fromkeys(notes))])
 
 
+def trunk_table(runs, depth, groups=None):
+    """The results of one trunk's runs at one depth other than the paper's trunk (every wiring,
+    one row per seed group): ours only, since the paper trained none on it. ΔParams is against
+    that trunk's residual run at the depth."""
+    ref = residual_reference(runs, depth)
+    rows = []
+    for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and r.variant is not None),
+                    key=method_order):
+        members = row_members(r, groups)
+        if r.variant == "residual":
+            delta = "--"
+        elif ref is None or params(r) is None:
+            delta = MISSING
+        else:
+            delta = fmt((params(r) - params(ref)) / 1e3, ".1f")
+        rows.append((method_label(r), row_name(members), row_status(members), delta,
+                     fmt_seeds([train_loss(m) for m in members]), fmt_seeds([val_bpb(m) for m in members]),
+                     fmt_seeds([core_score(m)[0] for m in members])))
+    if not rows:
+        return None
+    note = (f"ΔParams = params.total of the run minus that of {ref.name} (summary.json)." if ref is not None else
+            f"No complete residual run at D={depth} on this trunk: ΔParams cannot be computed.")
+    return md_table(("Method", "Run", "Status", "ΔParams (K)", "Train loss", "Val BPB", "CORE"), rows) + "\n\n" + note
+
+
 def task_average(run, columns):
     """(mean accuracy of the tasks present, whether some are missing); (None, False) if none is."""
     accs = [task_accuracy(run, label) for _, label in columns]
