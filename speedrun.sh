@@ -14,6 +14,8 @@
 #                                 # depth of LADDER_DEPTHS, ratio-sized horizons, then scripts.compare
 #   bash speedrun.sh isoflop      # the budget x depth grid (FLOPS_BUDGETS x LADDER_DEPTHS), then
 #                                 # the compute-optimal frontier per variant (scripts.isoflop)
+#   bash speedrun.sh gpt2         # nanochat's GPT-2 record run on the 2026-07 trunk (d24, data:param 8,
+#                                 # fp8) for residual and KromHC (configs/gpt2/), on ClimbMix
 #   bash speedrun.sh MODE --dry-run   # (or PLAN_ONLY=1) print the plan and its GPU-hours, train nothing
 #
 # The ladder and the grid (docs/compute_multiplier.md, "The ladder and the iso-FLOP grid"): VARIANTS (default
@@ -27,6 +29,14 @@
 # defaults is in docs/compute_multiplier.md. On GPUs every mode's plan also shows each run's
 # estimated peak memory per rank and its device batch (base_train --device-batch-size auto;
 # PLAN_MEMORY=0 skips the estimates).
+#
+# Trunks (docs/trunks.md): every mode but gpt2 trains on the 2026-01 trunk (the paper's) as its
+# configs say. TRUNK=2026-07 moves the ladder's and the frontier's runs to the 2026-07 trunk:
+# --trunk 2026-07 and that trunk's defaults for every flag whose default differs by trunk (its
+# automatic batch, schedules, ClimbMix), the frontier's horizon its data:param ratio, each run's
+# tag with the suffix _t2607, so that both trunks' runs live in one base dir. The report and
+# scripts.compare read each trunk's runs apart. gpt2 downloads the ClimbMix shards its plan needs
+# and trains its tokenizer on them (tokenizer_climbmix beside tokenizer).
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
 # default 1: seed 0 is the config as written, seed s > 0 the run <model_tag>_s<s> with init seed
@@ -48,10 +58,18 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MODE="${1:-}"
-USAGE="usage: bash speedrun.sh {cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop} [--dry-run]"
+USAGE="usage: bash speedrun.sh {cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop|gpt2} [--dry-run]"
 case "$MODE" in
-    cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop) ;;
+    cpu|paper-d6|paper-d12|n-scaling|ablations|frontier|all|ladder|isoflop|gpt2) ;;
     *) echo "$USAGE" >&2; exit 2 ;;
+esac
+TRUNK="${TRUNK:-2026-01}"
+case "$MODE:$TRUNK" in
+    *:2026-01|ladder:2026-07|frontier:2026-07) ;;
+    *:2026-07) echo "speedrun: error: TRUNK=$TRUNK applies to the ladder and frontier modes only; unset it for $MODE" >&2
+               exit 2 ;;
+    *) echo "speedrun: error: unknown TRUNK '$TRUNK'; use 2026-01 (the default) or 2026-07 (nanochat/trunks.py)" >&2
+       exit 2 ;;
 esac
 case "${2:-}" in
     "") ;;
@@ -95,10 +113,11 @@ else
         all)       CONFIGS=(configs/paper/*.toml configs/n_scaling/*.toml configs/ablations/*.toml
                             configs/frontier/*.toml) ;;
         ladder|isoflop) CONFIGS=() ;;  # derived runs: study_plan_args below
+        gpt2)      CONFIGS=(configs/gpt2/d24_residual.toml configs/gpt2/d24_kromhc.toml) ;;
     esac
     # About 34M usable tokens per shard at T=2048 (nanochat's estimate): D=12 x 7000 steps x
-    # 524,288 tokens needs ~108 shards, D=6 x 2500 steps ~39. A margin on top. The ladder and
-    # the grid ask the plan (their longest run decides).
+    # 524,288 tokens needs ~108 shards, D=6 x 2500 steps ~39. A margin on top. The ladder, the
+    # grid, gpt2 and the runs of another TRUNK ask the plan (their longest run decides).
     if [ "$MODE" = paper-d6 ]; then SHARDS=45; else SHARDS=120; fi
     TOK_ARGS=()
     EVAL_ARGS=()
@@ -111,7 +130,7 @@ echo "speedrun: mode $MODE, $NPROC process(es), base dir $NANOCHAT_BASE_DIR"
 # ---- the plan: every run of the mode and its cost, before anything is spent
 source scripts/speedrun_lib.sh
 PLAN_ARGS=(--seeds "${SEEDS:-1}" --nproc "$NPROC" --runs-root "$NANOCHAT_BASE_DIR/runs"
-           --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json")
+           --gpu-check "$NANOCHAT_BASE_DIR/gpu_check.json" --trunk "$TRUNK")
 [ "${#CONFIGS[@]}" -eq 0 ] || PLAN_ARGS+=(--configs "${CONFIGS[@]}")
 [ "${VARY_DATA_ORDER:-0}" = 1 ] && PLAN_ARGS+=(--vary-data-order)
 VARIANTS="${VARIANTS:-residual,mhc,mhc_lite,kromhc}"
@@ -145,21 +164,31 @@ if [ "$PLAN_ONLY" = 1 ]; then
     echo "speedrun: plan only (PLAN_ONLY=1 or --dry-run); the run list is $PLAN_FILE"
     exit 0
 fi
-case "$MODE" in ladder|isoflop) SHARDS=$(python -m scripts.plan "${PLAN_ARGS[@]}" --shards) ;; esac
+CORPUS=fineweb-edu
+if [ "$MODE" != cpu ]; then
+    CORPUS=$(python -m scripts.plan "${PLAN_ARGS[@]}" --corpus)
+    case "$MODE:$CORPUS" in
+        ladder:*|isoflop:*|gpt2:*|*:climbmix) SHARDS=$(python -m scripts.plan "${PLAN_ARGS[@]}" --shards) ;;
+    esac
+fi
+DIRS=$(corpus_dirs "$CORPUS")
+DATA_DIR=${DIRS%%$'\n'*}
+TOK_DIR=${DIRS#*$'\n'}
 
-# ---- data: the first shards now (the tokenizer trains on them), the rest in the background
+# ---- data: the first shards now (the tokenizer trains on them), the rest in the background;
+# the val shard always comes with them
 if [ "$MODE" = cpu ]; then
     python -m nanochat.dataset --offline-fallback -n "$SHARDS"
 else
-    python -m nanochat.dataset -n 8
-    python -m nanochat.dataset -n "$SHARDS" &
+    python -m nanochat.dataset --corpus "$CORPUS" -n 8
+    python -m nanochat.dataset --corpus "$CORPUS" -n "$SHARDS" &
     DOWNLOAD_PID=$!
 fi
 
-# ---- tokenizer, once
-if [ ! -f "$NANOCHAT_BASE_DIR/tokenizer/token_bytes.pt" ]; then
-    python -m scripts.tok_train "${TOK_ARGS[@]}"
-    python -m scripts.tok_eval
+# ---- tokenizer, once per corpus
+if [ ! -f "$TOK_DIR/token_bytes.pt" ]; then
+    python -m scripts.tok_train --corpus "$CORPUS" "${TOK_ARGS[@]}"
+    python -m scripts.tok_eval --tokenizer-dir "$TOK_DIR" --data-dir "$DATA_DIR"
 fi
 if [ -n "${DOWNLOAD_PID:-}" ]; then
     echo "speedrun: waiting for the shard download to finish"
@@ -207,7 +236,9 @@ run_all "$PLAN_FILE" || status=$?  # the failures are listed below, after the re
 # eagerly at its own size (about 5 s of CPU; compiling would cost minutes); elsewhere the
 # section names the command (scripts.bench --bench infer, or gpu_check's infer section).
 REPORT_ARGS=(--runs "${RUN_DIRS[@]}")
-[ "${#CONFIGS[@]}" -eq 0 ] || REPORT_ARGS+=(--configs "${CONFIGS[@]}")
+# The configs place runs not found yet in their rows, by their model tags; runs moved to another
+# TRUNK train under other tags, so the report reads those from their directories alone.
+[ "${#CONFIGS[@]}" -eq 0 ] || [ "$TRUNK" != 2026-01 ] || REPORT_ARGS+=(--configs "${CONFIGS[@]}")
 if [ "$MODE" = cpu ] && python -m scripts.bench --bench infer --variants residual hc hc_identity mhc mhc_lite kromhc \
         --depth 4 --aspect-ratio 32 --head-dim 32 --vocab-size 4096 --window-pattern L --prefill-lens 128 \
         --infer-batches 1 --prompt-len 96 --new-tokens 32 --modes eager --warmup 1 --reps 3 \

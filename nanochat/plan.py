@@ -24,7 +24,10 @@ The cost of a run is its training tokens over a throughput, the first of:
    (marked "assumed");
 else none and the plan says so. A run whose steps a FLOPs budget or a data ratio sets is sized
 the way base_train sizes it (`train_config.num_iterations_for` on the model built on the meta
-device, which costs a torch import: done only when a throughput can use it).
+device, which costs a torch import: done only when a throughput can use it), and so is the
+total batch of a run on the 2026-07 trunk (`--total-batch-size auto`, its default there).
+A config takes its trunk's defaults for the flags it leaves out (nanochat/trunks.py
+FLAG_DEFAULTS); `on_trunk` moves a mode's runs to another trunk (speedrun's TRUNK).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
 Memory (`fit`): a run's estimated peak per rank (nanochat/memory.py) at the device batch it will
 use on a GPU of known memory: the config's, or under --device-batch-size auto the batch
@@ -41,13 +44,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanochat import connections
+from nanochat import connections, trunks
 from nanochat.report.runs import Run, single_state
 
 # base_train's defaults for the keys a config may omit (nanochat/train_config.py).
 DEFAULT_SEED = 42
 DEFAULT_DEPTH = 20
-DEFAULT_BATCH = 524288
 DEFAULT_STREAMS = 4
 DEFAULT_VOCAB = 32768  # tok_train's default, for a config that leaves vocab_size to the tokenizer
 # The MFU the plan assumes where nothing was measured: an assumption, not a measurement. Well-tuned
@@ -55,8 +57,11 @@ DEFAULT_VOCAB = 32768  # tok_train's default, for a config that leaves vocab_siz
 # logs print it); the HC variants' memory-bound stream passes sit below the residual baseline's.
 # A finished run or scripts.gpu_check replaces it with a measurement; --mfu (PLAN_MFU) changes it.
 ASSUMED_MFU = 0.40
-# Training tokens one FineWeb-Edu shard yields at T = 2048 (nanochat's estimate), for the shard count.
-TOKENS_PER_SHARD = 34e6
+# Training tokens one shard yields at T = 2048, for the shard count. FineWeb-Edu: nanochat's
+# estimate (4d8dbaf). ClimbMix: nanochat 92d63d4's runs/speedrun.sh downloads "about 150 shards"
+# for its d24 run at data:param 8, which trains 5,568 steps of 2^20 tokens (that run's auto
+# batch, as train_config.resolve_total_batch computes it): 5,568 x 2^20 / 150 = 38.9M a shard.
+TOKENS_PER_SHARD = {"fineweb-edu": 34e6, "climbmix": 5568 * 2 ** 20 / 150}
 
 
 def stream_count(variant, n):
@@ -83,21 +88,29 @@ class PlannedRun:
     depth: int
     n: int
     steps: int | None  # None: set by a FLOPs budget or a data ratio, until `resolve` sizes it
-    batch: int
+    batch: int | None  # None: --total-batch-size auto, until `resolve` sizes it
     flags: list = field(default_factory=list)  # extra base_train flags: the spec's overrides, then the seed's
     done_steps: int = 0
     finished: bool = False
     train_only: bool = False
     flops_per_token: float | None = None  # the model's estimate_flops, once `resolve` built it
     kernels: str = "torch"  # hc_kernels
+    trunk: str = trunks.DEFAULT
+    corpus: str = "fineweb-edu"
+    fp8: bool = False
+
+    @property
+    def sized(self):
+        """Whether its steps and total batch are known (an auto batch or a derived horizon: after `resolve`)."""
+        return self.steps is not None and self.batch is not None
 
     @property
     def tokens(self):
-        return None if self.steps is None else self.steps * self.batch
+        return self.steps * self.batch if self.sized else None
 
     @property
     def tokens_left(self):
-        return None if self.steps is None or self.finished else (self.steps - self.done_steps) * self.batch
+        return None if not self.sized or self.finished else (self.steps - self.done_steps) * self.batch
 
     @property
     def flops(self):
@@ -157,6 +170,38 @@ def isoflop_specs(configs, depths, budgets, prefix="isoflop", train_only=True):
     return [RunSpec(str(c), (("depth", d), *horizon_overrides(budget=b),
                              ("model_tag", f"{prefix}_{budget_label(b)}_d{d}_{config_label(c)}")), train_only)
             for c in configs for b in budgets for d in depths]
+
+
+# The settings that give a run its horizon; a derived run (ladder, grid) sets its own.
+HORIZON = ("num_iterations", "target_flops", "target_param_data_ratio")
+
+
+def trunk_suffix(trunk):
+    """The tag suffix of a run moved to another trunk (`on_trunk`): 2026-07 -> _t2607."""
+    year, month = trunks.check(trunk).split("-")
+    return f"_t{year[2:]}{month}"
+
+
+def on_trunk(spec, trunk):
+    """The spec trained on `trunk` (speedrun's TRUNK) under the tag `<model_tag><trunk_suffix>`, so
+    that both trunks' runs share a base directory: --trunk, and the trunk's defaults for every flag
+    whose default differs by trunk (nanochat/trunks.py FLAG_DEFAULTS), since a config written for
+    the paper pins the 2026-01 values (its batch, learning rates, schedule). Its horizon: the
+    derived run's own (the ladder's data ratio, the grid's budget), else the trunk's data:param
+    ratio. On the default trunk the spec is unchanged."""
+    if trunks.check(trunk) == trunks.DEFAULT:
+        return spec
+    own = dict(spec.overrides)
+    derived = any(own.get(name, -1) > 0 for name in HORIZON)
+    settings = {"trunk": trunk, **{name: value for name, value in trunks.FLAG_DEFAULTS[trunk].items()
+                                   if not (derived and name in HORIZON)}}
+    if not derived:
+        settings |= {"num_iterations": -1, "target_flops": -1.0}
+    tag = own.get("model_tag") or tomllib.loads(Path(spec.config).read_text()).get("model_tag")
+    if not tag:
+        raise ValueError(f"{spec.config} has no model_tag: add model_tag = \"...\" so its run directory is known")
+    kept = [(name, value) for name, value in spec.overrides if name not in settings and name != "model_tag"]
+    return dataclasses.replace(spec, overrides=(*kept, *settings.items(), ("model_tag", tag + trunk_suffix(trunk))))
 
 
 def _flag(name, value):
@@ -232,6 +277,9 @@ def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
         for spec, config in resolved:
             variant = config.get("hc", "residual")
             n = stream_count(variant, config.get("hc_streams"))
+            trunk = config.get("trunk", trunks.DEFAULT)
+            defaults = trunks.FLAG_DEFAULTS[trunks.check(trunk)]
+            batch = config.get("total_batch_size", defaults["total_batch_size"])
             steps = config.get("num_iterations", -1)
             tag = seed_tag(config["model_tag"], s, vary_data_order)
             flags = [v for name, value in spec.overrides if name != "model_tag" for v in _flag(name, value)]
@@ -243,15 +291,16 @@ def plan_runs(specs, seeds=1, vary_data_order=False, runs_root=None):
                     flags += ["--data-seed", str(s)]
             run = PlannedRun(config=spec.config, tag=tag, variant=variant, depth=config.get("depth", DEFAULT_DEPTH),
                              n=n, steps=steps if steps > 0 else None,
-                             batch=config.get("total_batch_size", DEFAULT_BATCH), flags=flags,
-                             train_only=spec.train_only, kernels=config.get("hc_kernels", "torch"))
+                             batch=None if batch == "auto" else batch, flags=flags,
+                             train_only=spec.train_only, kernels=config.get("hc_kernels", "torch"), trunk=trunk,
+                             corpus=config.get("corpus", defaults["corpus"]), fp8=bool(config.get("fp8", False)))
             if runs_root is not None:
                 run.finished, run.done_steps = progress(Path(runs_root) / tag)
             runs.append(run)
     return runs
 
 
-_SHAPES = {}  # (config, flags without the seed's) -> (steps, flops per token): one build per shape
+_SHAPES = {}  # (config, flags without the seed's) -> (steps, flops per token, total batch): one build per shape
 _FITS = {}  # (config, flags without the seed's, GPU memory, ranks, auto) -> Fit
 
 
@@ -267,30 +316,40 @@ def _train_args(key):
 
 
 def _shape(key):
-    """(steps, FLOPs per token) of the settings `key` (_shape_key's form), from the model built
-    on the meta device once per key; (None, None) for a bad setting."""
+    """(steps, FLOPs per token, total batch) of the settings `key` (_shape_key's form), from the
+    model built on the meta device once per key; (None, None, None) for a bad setting."""
     if key not in _SHAPES:
         import torch
 
         from nanochat.gpt import GPT
-        from nanochat.train_config import model_config_for, num_iterations_for
+        from nanochat.train_config import AUTO, model_config_for, num_iterations_for, resolve_total_batch
         try:
             args = _train_args(key)
+            vocab = args.vocab_size or DEFAULT_VOCAB
+            config = model_config_for(args, vocab)
             with torch.device("meta"):
-                model = GPT(model_config_for(args, args.vocab_size or DEFAULT_VOCAB))
-            steps, _ = num_iterations_for(args, model, args.total_batch_size)
-            _SHAPES[key] = (steps, float(model.estimate_flops()))
+                model = GPT(config)
+            batch = args.total_batch_size
+            if batch == AUTO and args.depth == trunks.REFERENCE_DEPTH:
+                batch = trunks.auto_total_batch(1.0)  # its own horizon: resolve_total_batch's ratio is 1
+            elif batch == AUTO:
+                batch, _ = resolve_total_batch(args, config, vocab)
+            steps, _ = num_iterations_for(args, model, batch)
+            _SHAPES[key] = (steps, float(model.estimate_flops()), batch)
         except (ValueError, SystemExit):
-            _SHAPES[key] = (None, None)  # a bad setting: left unpriced, its training fails with the reason
+            _SHAPES[key] = (None, None, None)  # a bad setting: left unpriced, its training fails with the reason
     return _SHAPES[key]
 
 
 def resolve(run):
     """Size a run as base_train will: its steps (from a FLOPs budget or a data ratio when the
-    config gives none) and its FLOPs per token, from the model built on the meta device."""
+    config gives none), its total batch (under auto) and its FLOPs per token, from the model
+    built on the meta device."""
     if run.flops_per_token is not None:
         return run
-    steps, run.flops_per_token = _shape(_shape_key(run))
+    steps, run.flops_per_token, batch = _shape(_shape_key(run))
+    if run.batch is None:
+        run.batch = batch
     if run.steps is None:
         run.steps = steps
     return run
@@ -323,6 +382,11 @@ def fit(run, nproc, memory_bytes=None, auto=False):
         except (ValueError, SystemExit):
             _FITS[key] = None
             return None
+        if args.total_batch_size == AUTO:
+            args.total_batch_size = resolve(run).batch
+            if args.total_batch_size is None:  # a bad setting: training will say why
+                _FITS[key] = None
+                return None
         choose = auto or args.device_batch_size == AUTO
         cap = args.device_batch_cap if args.device_batch_size == AUTO else args.device_batch_size
         row = args.max_seq_len * nproc
@@ -354,9 +418,9 @@ def memory_cells(f):
 
 
 def shards_needed(runs):
-    """FineWeb-Edu train shards the longest run reads (one pass, ~34M tokens a shard), plus 10 %."""
-    tokens = max((resolve(r).tokens or 0 for r in runs), default=0)
-    return max(1, math.ceil(1.1 * tokens / TOKENS_PER_SHARD))
+    """Train shards of its corpus the longest run reads (one pass, TOKENS_PER_SHARD), plus 10 %."""
+    # Rounded before the ceiling: 1.1 x 150 shards is 165, not the 166 its float gives.
+    return max([math.ceil(round(1.1 * (resolve(r).tokens or 0) / TOKENS_PER_SHARD[r.corpus], 9)) for r in runs] + [1])
 
 
 def progress(run_dir):
@@ -610,7 +674,7 @@ def seconds_left(run, measured, nproc, assumption=None):
     if run.finished:
         return 0.0
     m, _ = find_throughput(run, measured, assumption)
-    if m is not None and run.steps is None:
+    if m is not None and not run.sized:
         resolve(run)  # a throughput to use: size the run now (a torch import)
     if m is None or run.tokens_left is None:
         return None
@@ -693,6 +757,7 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
         lines.append(f"cannot estimate {', '.join(unknown)}: {reason}")
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
+    lines += settings_lines(runs)
     covered = covered_line(measured)
     if covered:
         lines.append(covered + ".")
@@ -700,6 +765,22 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     if memory:
         lines.append(memory.describe())
     return "\n".join(lines)
+
+
+def settings_lines(runs):
+    """The plan's lines naming the runs off the default trunk (by trunk) and the fp8 runs; the
+    GPU-hours of an fp8 run are those of its bf16 FLOPs, no fp8 speedup assumed."""
+    by_trunk = {}
+    for r in runs:
+        if r.trunk != trunks.DEFAULT:
+            by_trunk.setdefault(r.trunk, []).append(r.tag)
+    lines = [f"trunk {trunk} (nanochat/trunks.py: its defaults for what a config leaves out; total batch and "
+             f"horizon sized as base_train sizes them): {', '.join(tags)}." for trunk, tags in by_trunk.items()]
+    fp8 = [r.tag for r in runs if r.fp8]
+    if fp8:
+        lines.append(f"fp8 (--fp8: float8 matmuls, CUDA sm >= 89): {', '.join(fp8)}; priced at the bf16 rate, "
+                     "no fp8 speedup assumed.")
+    return lines
 
 
 @dataclass(frozen=True)

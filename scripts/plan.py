@@ -20,6 +20,8 @@ another depth, or a member of its family, on the same --hc-kernels backend), mar
 else another variant's at the same depth, or for a GPU named by --gpu-name whose peak is known an
 assumed MFU (--mfu), marked "assumed"; see nanochat/plan.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
+A config takes its trunk's defaults for what it leaves out (nanochat/trunks.py); --trunk 2026-07
+trains every run on that trunk, under its tag with the suffix _t2607 (nanochat.plan.on_trunk).
 
     python -m scripts.plan --baselines-of configs/frontier/*.toml
 
@@ -32,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nanochat import plan
+from nanochat import plan, trunks
 from nanochat.cli import fraction, positive_float, positive_int, run
 
 
@@ -52,6 +54,10 @@ def parse_args(argv=None):
     parser.add_argument("--isoflop-prefix", default="isoflop", help="tag prefix of the grid's runs (default isoflop)")
     parser.add_argument("--train-only", action="store_true",
                         help="the derived runs get training alone (their final val bpb), no evaluation after it")
+    parser.add_argument("--trunk", choices=trunks.TRUNKS, default=trunks.DEFAULT,
+                        help="train every run on this trunk; on 2026-07: its defaults for the flags that differ by "
+                             "trunk, the horizon of a config as written its data:param ratio, tags + _t2607 "
+                             f"(default {trunks.DEFAULT}: the configs as written)")
     parser.add_argument("--seeds", type=positive_int(), default=1, help="seeds per config (default 1)")
     parser.add_argument("--vary-data-order", action="store_true",
                         help="seeds > 0 also shuffle the data order (tag suffix _s<seed>_data)")
@@ -74,7 +80,9 @@ def parse_args(argv=None):
     parser.add_argument("--tsv", help="write the run list here")
     parser.add_argument("--progress", type=positive_int(), metavar="K", help="print only 'run K of N' with the ETA")
     parser.add_argument("--shards", action="store_true",
-                        help="print only the FineWeb-Edu train shards the longest run needs")
+                        help="print only the train shards the longest run needs, of the runs' corpus")
+    parser.add_argument("--corpus", action="store_true",
+                        help="print only the corpus the runs train on (fineweb-edu or climbmix; one per mode)")
     parser.add_argument("--baselines-of", nargs="+", default=[], metavar="TOML",
                         help="print only the configs of the runs these configs' runs are read against in the "
                              "report, those not among them, one a line")
@@ -98,7 +106,7 @@ def specs_of(args):
         specs += plan.ladder_specs(args.ladder, args.depths, args.ratio, args.ladder_prefix, args.train_only)
     if args.isoflop:
         specs += plan.isoflop_specs(args.isoflop, args.depths, args.budgets, args.isoflop_prefix, args.train_only)
-    return specs
+    return [plan.on_trunk(spec, args.trunk) for spec in specs]
 
 
 def print_baselines(configs):
@@ -139,7 +147,12 @@ def main(argv=None):
     if args.tsv:
         Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, "train" if r.train_only else "all", *r.flags])
                                           + "\n" for r in runs))
-    if args.shards:
+    corpora = sorted({r.corpus for r in runs})
+    if (args.shards or args.corpus) and len(corpora) > 1:
+        sys.exit(f"error: the runs read {' and '.join(corpora)}; a mode trains on one corpus: plan each apart")
+    if args.corpus:
+        print(corpora[0])
+    elif args.shards:
         print(plan.shards_needed(runs))
     elif args.progress:
         if args.progress > len(runs):

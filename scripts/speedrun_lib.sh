@@ -205,13 +205,28 @@ study_plan_args() {
 
 # study_report MODE: after the report, what a connection is worth over the mode's runs under
 # $NANOCHAT_BASE_DIR/runs: scripts.compare on the ladder (cpu: the demo's runs, the depth-4 ones
-# and the ladder's; ladder: ladder_*), scripts.isoflop on the grid (isoflop_*); into report/
-# (REPORT_DIR). Other modes: nothing. Non-zero when the command failed.
+# and the ladder's; ladder: ladder_* of TRUNK, default 2026-01), scripts.isoflop on the grid
+# (isoflop_*); into report/ (REPORT_DIR). Other modes: nothing. Non-zero when the command failed.
 study_report() {
     local out="${REPORT_DIR:-report}" root="$NANOCHAT_BASE_DIR/runs"
     case "$1" in
         cpu)     python -m scripts.compare --runs-root "$root" --select 'cpu_*' --json "$out/compare.json" --out "$out/compare" ;;
-        ladder)  python -m scripts.compare --runs-root "$root" --select 'ladder_*' --json "$out/compare.json" --out "$out/compare" ;;
+        ladder)  python -m scripts.compare --runs-root "$root" --select 'ladder_*' --trunk "${TRUNK:-2026-01}" \
+                     --json "$out/compare.json" --out "$out/compare" ;;
         isoflop) python -m scripts.isoflop --runs-root "$root" --select 'isoflop_*' --json "$out/isoflop.json" ;;
     esac
+}
+
+# corpus_dirs CORPUS: the corpus's shard directory and its tokenizer's under $NANOCHAT_BASE_DIR,
+# one a line (nanochat/data/shards.py data_dir, nanochat/tokenizer.py default_tokenizer_dir).
+corpus_dirs() {
+    python - "$1" <<'PY'
+import sys
+
+from nanochat.data.shards import data_dir
+from nanochat.tokenizer import default_tokenizer_dir
+
+print(data_dir(corpus=sys.argv[1]))
+print(default_tokenizer_dir(sys.argv[1]))
+PY
 }
