@@ -176,14 +176,8 @@ def isoflop_specs(configs, depths, budgets, prefix="isoflop", train_only=True):
 HORIZON = ("num_iterations", "target_flops", "target_param_data_ratio")
 
 
-def trunk_suffix(trunk):
-    """The tag suffix of a run moved to another trunk (`on_trunk`): 2026-07 -> _t2607."""
-    year, month = trunks.check(trunk).split("-")
-    return f"_t{year[2:]}{month}"
-
-
 def on_trunk(spec, trunk):
-    """The spec trained on `trunk` (speedrun's TRUNK) under the tag `<model_tag><trunk_suffix>`, so
+    """The spec trained on `trunk` (speedrun's TRUNK) under the tag `<model_tag><trunks.tag_suffix>`, so
     that both trunks' runs share a base directory: --trunk, and the trunk's defaults for every flag
     whose default differs by trunk (nanochat/trunks.py FLAG_DEFAULTS), since a config written for
     the paper pins the 2026-01 values (its batch, learning rates, schedule). Its horizon: the
@@ -201,7 +195,7 @@ def on_trunk(spec, trunk):
     if not tag:
         raise ValueError(f"{spec.config} has no model_tag: add model_tag = \"...\" so its run directory is known")
     kept = [(name, value) for name, value in spec.overrides if name not in settings and name != "model_tag"]
-    return dataclasses.replace(spec, overrides=(*kept, *settings.items(), ("model_tag", tag + trunk_suffix(trunk))))
+    return dataclasses.replace(spec, overrides=(*kept, *settings.items(), ("model_tag", tag + trunks.tag_suffix(trunk))))
 
 
 def _flag(name, value):
@@ -394,12 +388,14 @@ def fit(run, nproc, memory_bytes=None, auto=False):
         accum_for = lambda b: max(1, args.total_batch_size // (b * row))  # noqa: E731
         if choose and memory_bytes is not None:
             batch, est, _ = memory.fitting_batch(config, cap, memory_bytes, accum_for, nproc, compile,
-                                                 allowed=lambda b: args.total_batch_size % (b * row) == 0)
+                                                 allowed=lambda b: args.total_batch_size % (b * row) == 0,
+                                                 fp8=args.fp8)
             _FITS[key] = Fit(batch, est, True, batch is not None)
         else:
-            est = memory.estimate(config, cap, nproc, accum_for(cap), compile)
+            est = memory.estimate(config, cap, nproc, accum_for(cap), compile, fp8=args.fp8)
             fits = memory_bytes is None or est.needed <= memory_bytes
-            if not fits and memory.estimate(config, 1, nproc, accum_for(1), compile).needed > memory_bytes:
+            at_one = memory.estimate(config, 1, nproc, accum_for(1), compile, fp8=args.fp8) if not fits else None
+            if at_one is not None and at_one.needed > memory_bytes:
                 _FITS[key] = Fit(None, est, False, False)  # not even batch 1 would fit
             else:
                 _FITS[key] = Fit(cap, est, False, fits)

@@ -22,6 +22,7 @@ import math
 TRUNKS = ("2026-01", "2026-07")
 DEFAULT = "2026-01"
 MODERN = "2026-07"
+TITLES = {"2026-01": "nanochat 4d8dbaf, the paper's", "2026-07": "nanochat 92d63d4's recipe"}
 
 # The flags whose defaults differ by trunk: nanochat 4d8dbaf's (with the paper's values where
 # the paper differs) and nanochat 92d63d4's (scripts/base_train.py there). A flag the user
@@ -42,6 +43,13 @@ REFERENCE_BATCH = 2 ** 19
 # The optimal batch grows as the token horizon to this power (Power Lines, arXiv 2505.13738,
 # the exponent 92d63d4 uses).
 BATCH_EXPONENT = 0.383
+
+
+def tag_suffix(trunk):
+    """The model-tag suffix of a run moved to another trunk than its config's (speedrun's TRUNK):
+    2026-07 -> _t2607, so that both trunks' runs share a base directory."""
+    year, month = check(trunk).split("-")
+    return f"_t{year[2:]}{month}"
 
 
 def check(trunk):

@@ -15,7 +15,7 @@ from nanochat.report.runs import Run, beyond_paper, paper_key
 from nanochat.train_config import FLAG_NAMES
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("paper", "n_scaling", "ablations", "cpu", "frontier")
+GROUPS = ("paper", "n_scaling", "ablations", "cpu", "frontier", "gpt2")
 
 # The config keys: base_train flags with underscores.
 KNOWN_KEYS = set(FLAG_NAMES)
@@ -71,6 +71,8 @@ def test_config_is_flat_known_and_cited(path):
     assert re.fullmatch(r"[a-z0-9_]+", config["model_tag"])
     if path.parent.name == "frontier":  # not in the paper: its report section and its source instead
         assert "Beyond the paper" in header(path) and re.search(r"arXiv \d{4}\.\d{5}|DeepSeek-V4", header(path))
+    elif path.parent.name == "gpt2":  # nanochat's record run, on the trunk that trains it
+        assert "nanochat 92d63d4" in header(path) and config["trunk"] == "2026-07"
     else:
         assert CITATION.search(header(path)), f"the header of {path.name} names no table or figure"
 
@@ -219,11 +221,13 @@ def test_config_resolves_through_base_train_and_builds_its_model(path):
     import torch
 
     from nanochat.gpt import GPT
-    from nanochat.train_config import model_config_for, parse_args
+    from nanochat.train_config import AUTO, model_config_for, parse_args, resolve_total_batch
     from scripts.base_train import grad_accum_steps
 
     args = parse_args(["--config", str(path)])
     config = model_config_for(args, args.vocab_size or 32768)
+    if args.total_batch_size == AUTO:  # the 2026-07 trunk's, as base_train sizes it
+        args.total_batch_size = resolve_total_batch(args, config, args.vocab_size or 32768)[0]
     with torch.device("meta"):
         model = GPT(config)
     assert len(model.connections.layers) == 2 * args.depth

@@ -33,7 +33,6 @@ from nanochat.report.tables import (alpha_table, corpus_lines, factorization_tab
                                     trunk_table)
 
 # What each trunk is, for its sections' heading (nanochat/trunks.py).
-TRUNK_TITLES = {"2026-01": "nanochat 4d8dbaf, the paper's", "2026-07": "nanochat 92d63d4's recipe"}
 
 
 def select_reference(group, reference):
@@ -79,7 +78,7 @@ def write_report(runs, out_dir, reference="residual", notes=(), infer_bench=None
 def trunk_sections(trunk, runs, out):
     """The sections of a trunk other than the paper's: its runs, one results table per depth with
     its loss curves, and its compute multiplier."""
-    name = f"Trunk {trunk} ({TRUNK_TITLES.get(trunk, 'docs/trunks.md')})"
+    name = f"Trunk {trunk} ({trunks.TITLES.get(trunk, 'docs/trunks.md')})"
     parts = [f"## {name}: runs",
              "The paper trained nothing on this trunk: no paper numbers beside these, and every comparison "
              "below is between runs of this trunk.", runs_table(runs), corpus_lines(runs)]
