@@ -461,3 +461,20 @@ def test_tok_train_trains_on_the_corpus_and_records_it(climbmix_served, tmp_path
     info = json.load(open(out / "tokenizer.json"))["info"]
     assert info["source"] == "climbmix" and info["data_dir"] == shards.data_dir(corpus="climbmix")
     shards.check_tokenizer_corpus(shards.corpus_record(corpus="climbmix"), str(out))
+
+
+def test_each_corpus_has_its_own_tokenizer_directory_and_a_run_reads_its_own(climbmix_served, tmp_path):
+    """tok_train --corpus climbmix writes beside FineWeb-Edu's tokenizer, not over it; a run's
+    evaluations read the tokenizer of the corpus its corpus.json names (absent: FineWeb-Edu's)."""
+    from nanochat.tokenizer import default_tokenizer_dir, run_tokenizer_dir
+    from scripts import tok_train
+    dataset.main(["--corpus", "climbmix", "-n", "2", "--base-url", climbmix_served.url])
+    tok_train.main(["--corpus", "climbmix", "--vocab-size", "300", "--max-chars", "20000"])
+    assert default_tokenizer_dir("climbmix") != default_tokenizer_dir()
+    assert os.path.isfile(os.path.join(default_tokenizer_dir("climbmix"), "tokenizer.json"))
+    assert not os.path.exists(default_tokenizer_dir())
+    run = tmp_path / "run"
+    run.mkdir()
+    assert run_tokenizer_dir(run) == default_tokenizer_dir()
+    (run / "corpus.json").write_text(json.dumps(shards.corpus_record(corpus="climbmix")))
+    assert run_tokenizer_dir(run) == default_tokenizer_dir("climbmix")
