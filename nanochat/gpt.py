@@ -666,7 +666,10 @@ class GPT(nn.Module):
                 return block.mlp(pre(u))
 
             branches += [attn_branch, mlp_branch]
-        x = self.connections(x0, branches, backout=self.backout_lambda if self.shape.smear_backout else None)
+        if self.shape.smear_backout:
+            x = self.connections(x0, branches, backout=self.backout_lambda)
+        else:
+            x = self.connections(x0, branches)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.head(x, targets, loss_reduction)

@@ -42,7 +42,7 @@ def hc_config(variant, n, C=8, n_layer=2, factors=None, **kw):
     cfg = SimpleNamespace(**{**own, "hc_factors": list(factors or [])}, hc=variant, hc_streams=n,
                           hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch",
                           hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current",
-                          n_layer=n_layer, n_embd=C)
+                          n_layer=n_layer, n_embd=C, trunk="2026-01")
     for key, value in kw.items():
         setattr(cfg, "hc_" + key, value)
     return cfg
