@@ -58,6 +58,25 @@ def test_the_stream_is_bf16_under_cuda_autocast(case, monkeypatch):
     assert logits.dtype == torch.float32 and logits.device.type == "cuda"
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_the_2026_07_stream_is_bf16_without_autocast(case, monkeypatch):
+    """The 2026-07 trunk on an sm_90 GPU: bf16 tables from its compute dtype, no autocast, every
+    layer casting its weight; the state stays bf16 (the reduce runs twice: the end, the backout)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (H100.major, H100.minor))
+    monkeypatch.delenv("NANOCHAT_DTYPE")  # the tests' fp32 override: here the GPU's own compute dtype
+    with fake_cuda(monkeypatch):
+        model = fake_cuda_model(**case, trunk="2026-07")
+        assert model.transformer.wte.weight.dtype == torch.bfloat16
+        seen = watch_states(model)
+        logits = model(tokens())
+    assert len(seen) == 2 * model.config.n_layer + 4
+    assert seen == [torch.bfloat16] * len(seen), seen
+    assert logits.dtype == torch.float32 and logits.device.type == "cuda"
+    # (Its optimizer step is not run here: nanochat's order of operations takes AdamW's step size
+    # through add_'s alpha, a Python number when eager, which a fake tensor cannot give; compiled,
+    # as on a GPU, it is traced. tests/test_optim_2026.py runs that step.)
+
+
 @pytest.mark.parametrize("case", [dict(hc="residual"), dict(hc="kromhc"), dict(hc="mhc"), dict(hc="frac"),
                                   dict(hc="attnres")], ids=case_id)
 def test_no_fp32_activation_is_saved(case, monkeypatch):
