@@ -30,6 +30,16 @@ def residual_reference(runs, depth):
     return refs[0] if refs else None
 
 
+def delta_params(r, ref):
+    """ΔParams of run r against the residual run `ref`, in thousands: "--" for a residual run
+    itself, MISSING where either count is unknown."""
+    if r.variant == "residual":
+        return "--"
+    if ref is None or params(r) is None:
+        return MISSING
+    return fmt((params(r) - params(ref)) / 1e3, ".1f")
+
+
 def row_members(r, groups):
     """The runs of r's row (r and the runs that differ from it only in their seeds)."""
     return groups.get(r.name, [r]) if groups else [r]
@@ -59,12 +69,8 @@ def main_table(runs, depth, groups=None):
     for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and is_main(r)), key=method_order):
         members = row_members(r, groups)
         p = paper.MAIN.get(paper_key(r)) if paper_key(r) else None
-        if r.variant == "residual":
-            delta = "--"
-        elif ref is None or params(r) is None:
-            delta = MISSING
-        else:
-            delta = fmt((params(r) - params(ref)) / 1e3, ".1f")
+        delta = delta_params(r, ref)
+        if delta not in ("--", MISSING):
             if params(r, "hc") is not None and params(ref, "hc") is not None and \
                     params(r) - params(r, "hc") != params(ref) - params(ref, "hc"):
                 delta += " †"
@@ -113,12 +119,7 @@ def trunk_table(runs, depth, groups=None):
     for r in sorted((r for r in row_runs(runs, groups) if r.depth == depth and r.variant is not None),
                     key=method_order):
         members = row_members(r, groups)
-        if r.variant == "residual":
-            delta = "--"
-        elif ref is None or params(r) is None:
-            delta = MISSING
-        else:
-            delta = fmt((params(r) - params(ref)) / 1e3, ".1f")
+        delta = delta_params(r, ref)
         rows.append((method_label(r), row_name(members), row_status(members), delta,
                      fmt_seeds([train_loss(m) for m in members]), fmt_seeds([val_bpb(m) for m in members]),
                      fmt_seeds([core_score(m)[0] for m in members])))

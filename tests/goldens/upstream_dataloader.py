@@ -18,7 +18,6 @@ tokenizer whose merges are the prefixes of those words (a valid BPE: each token 
 prefix plus one byte), so that no BPE training run is involved.
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -27,7 +26,8 @@ import sys
 import tempfile
 import types
 
-COMMIT = "92d63d4"
+from upstream import COMMIT, open_checkout
+
 SEED = 20260703
 WORDS = ("the", "model", "residual", "stream", "connection", "hyper", "matrix", "layer", "token", "train",
          "loss", "data", "mix", "climb", "shard", "row", "group", "batch", "best", "fit", "crop", "document",
@@ -117,15 +117,10 @@ def write_shards(directory):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--nanochat", required=True, help=f"a checkout of karpathy/nanochat at {COMMIT}")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = open_checkout(__doc__.splitlines()[0], torch_eager=False)
     base = tempfile.mkdtemp(prefix="nanochat_upstream_loader_")
     os.environ["NANOCHAT_BASE_DIR"] = base  # read once, when its nanochat.dataset is imported
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     write_shards(os.path.join(base, "base_data_climbmix"))
-    sys.path.insert(0, os.path.abspath(args.nanochat))
     sys.modules["rustbpe"] = types.ModuleType("rustbpe")  # imported by its tokenizer module, used only to train
     import tiktoken
     from nanochat.dataloader import tokenizing_distributed_data_loader_with_state_bos_bestfit as loader  # at COMMIT

@@ -15,16 +15,14 @@ Records, for a tiny model (SHAPE) and one batch (weights.batch):
 tests/test_trunk_2026_07.py gives our model the same weights and batch and compares digests.
 """
 
-import argparse
 import json
-import os
-import sys
+
+from upstream import COMMIT, open_checkout
 
 SHAPE = dict(sequence_len=512, vocab_size=300, n_layer=4, n_head=4, n_kv_head=2, n_embd=64, window_pattern="SL")
 BATCH = dict(B=2, T=160)  # T > the short window (128 at sequence_len 512), so the windows mask
 SEED = 0
 OPTIMIZER = dict(unembedding_lr=0.004, embedding_lr=0.2, matrix_lr=0.02, weight_decay=0.1, scalar_lr=0.5)
-COMMIT = "92d63d4"
 
 
 def offsets(name):
@@ -33,17 +31,8 @@ def offsets(name):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--nanochat", required=True, help=f"a checkout of karpathy/nanochat at {COMMIT}")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    os.environ["NANOCHAT_DTYPE"] = "float32"
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    sys.path.insert(0, os.path.abspath(args.nanochat))
-    sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+    args = open_checkout(__doc__.splitlines()[0])
     import torch
-    # eager: the decorator returns the function itself (the same math, no compiler)
-    torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)
     from nanochat.gpt import GPT, GPTConfig  # nanochat at COMMIT
     from weights import batch, digest, tensor_for
 

@@ -14,12 +14,9 @@ gradients set by name (weights.tensor_for). Records every parameter after the la
 tests/test_optim_2026.py runs our optimizer on the same values and compares digests.
 """
 
-import argparse
 import json
-import os
-import sys
 
-COMMIT = "92d63d4"
+from upstream import COMMIT, open_checkout
 STEPS = 3
 # (group name, kind, hyperparameters, shapes). Muon as 92d63d4's setup_optimizer builds it
 # (momentum, ns_steps 5, beta2 0.9); the AdamW groups with its lm_head's, wte's and x0 scalars'
@@ -67,17 +64,8 @@ def set_grads(params, step, tensor_for):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--nanochat", required=True, help=f"a checkout of karpathy/nanochat at {COMMIT}")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    os.environ["NANOCHAT_DTYPE"] = "float32"
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    sys.path.insert(0, os.path.abspath(args.nanochat))
-    sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+    args = open_checkout(__doc__.splitlines()[0])
     import torch
-    # eager: the decorator returns the function itself (the same math, no compiler)
-    torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)
     from nanochat.common import COMPUTE_DTYPE  # nanochat at COMMIT
     from nanochat.optim import MuonAdamW
     from weights import digest, tensor_for
