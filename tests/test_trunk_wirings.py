@@ -122,3 +122,19 @@ def test_each_wiring_of_the_package_says_what_its_backout_subtracts():
             assert spec.backout != BACKOUT, name
             assert f"| {spec.label} |" in section, name
             assert spec.backout in _trunk_line(GPTConfig(**SIZES, hc=name, trunk=MODERN))
+
+
+@pytest.mark.parametrize("name", ["kromhc", "attnres"])
+def test_hc_report_reads_a_2026_07_checkpoint(make_run, tmp_path, capsys, name):
+    """hc_report --checkpoint on a 2026-07 run: without autocast, its liveness table naming the
+    connection parameters (the trunk's own scalars are not a wiring's)."""
+    import json
+
+    from scripts import hc_report
+    run_dir = tmp_path / name
+    model = make_run(run_dir, hc=name, trunk=MODERN)
+    hc_report.main(["--checkpoint", str(run_dir), "--random-tokens", "--device-type", "cpu", "--batch-size", "2"])
+    stats = json.loads((run_dir / "hc_stats.json").read_text())
+    assert stats["variant"] == name and len(stats["layers"]) == 2 * model.config.n_layer
+    assert "wrote" in capsys.readouterr().out
+    assert not [row for row in stats["liveness"] if "lambda" in row["name"] or "smear" in row["name"]]
