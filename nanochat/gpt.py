@@ -15,6 +15,12 @@ The attention branch also takes a triple (u_q, u_k, u_v), each normed on its own
 wiring that feeds query, key and value from different states (MUDDFormer).
 The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in one place,
 `CausalSelfAttention.forward`.
+
+The `trunk` field picks the recipe around the stream (nanochat/trunks.py, docs/trunks.md):
+2026-01 is all of the above; 2026-07 is nanochat 92d63d4's (TRUNK_SHAPES: the casting `Linear`
+instead of autocast, the value gate, q/k scale and RoPE base; quarter windows; its inits; the
+smear of the embedding, `GPT.smear`, and the backout, which StreamConnections applies through
+each wiring's readout).
 """
 
 import contextlib
