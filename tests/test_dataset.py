@@ -85,13 +85,18 @@ def _shard_bytes(docs, tmp_path, name):
     return path.read_bytes()
 
 
-@pytest.fixture
-def served(tmp_path, small_corpus_dir):
-    """A server holding train shards 0..2 and the val shard, made of real text."""
+def shard_server(tmp_path, small_corpus_dir, val_name):
+    """A server holding train shards 0..2 and the val shard `val_name`, made of real text."""
     docs = [d for batch in parquets_iter_batched("train", data_dir=small_corpus_dir) for d in batch]
     files = {shard_name(i): _shard_bytes(docs[i * 40:(i + 1) * 40], tmp_path, shard_name(i)) for i in range(3)}
-    files[VAL] = _shard_bytes(docs[120:150], tmp_path, VAL)
-    server = ShardServer(files)
+    files[val_name] = _shard_bytes(docs[120:150], tmp_path, val_name)
+    return ShardServer(files)
+
+
+@pytest.fixture
+def served(tmp_path, small_corpus_dir):
+    """FineWeb-Edu's names: train shards 0..2 and the val shard."""
+    server = shard_server(tmp_path, small_corpus_dir, VAL)
     yield server
     server.close()
 
@@ -368,11 +373,8 @@ CLIMBMIX_VAL = shard_name(shards.SOURCES["climbmix"].val_shard)
 
 @pytest.fixture
 def climbmix_served(tmp_path, small_corpus_dir):
-    """A server holding ClimbMix's names: train shards 0..2 and the val shard 06542."""
-    docs = [d for batch in parquets_iter_batched("train", data_dir=small_corpus_dir) for d in batch]
-    files = {shard_name(i): _shard_bytes(docs[i * 40:(i + 1) * 40], tmp_path, shard_name(i)) for i in range(3)}
-    files[CLIMBMIX_VAL] = _shard_bytes(docs[120:150], tmp_path, CLIMBMIX_VAL)
-    server = ShardServer(files)
+    """ClimbMix's names: train shards 0..2 and the val shard 06542."""
+    server = shard_server(tmp_path, small_corpus_dir, CLIMBMIX_VAL)
     yield server
     server.close()
 
