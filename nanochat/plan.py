@@ -324,9 +324,7 @@ def _shape(key):
             with torch.device("meta"):
                 model = GPT(config)
             batch = args.total_batch_size
-            if batch == AUTO and args.depth == trunks.REFERENCE_DEPTH:
-                batch = trunks.auto_total_batch(1.0)  # its own horizon: resolve_total_batch's ratio is 1
-            elif batch == AUTO:
+            if batch == AUTO:
                 batch, _ = resolve_total_batch(args, config, vocab)
             steps, _ = num_iterations_for(args, model, batch)
             _SHAPES[key] = (steps, float(model.estimate_flops()), batch)

@@ -312,7 +312,10 @@ def scaling_params(config):
 def horizon_ratio(args, config, vocab_size):
     """This run's data:param horizon over the depth-12 reference's, which 2026-07's automatic
     batch and weight-decay scaling compare (nanochat 92d63d4 base_train.py). Both horizons are
-    the same data:param ratio times the scaling parameters: the ratio cancels."""
+    the same data:param ratio times the scaling parameters: the ratio cancels. At the reference
+    depth itself it is 1, with no model built."""
+    if args.depth == trunks.REFERENCE_DEPTH:
+        return 1.0
     reference = model_config_for(argparse.Namespace(**{**vars(args), "depth": trunks.REFERENCE_DEPTH}), vocab_size)
     return scaling_params(config) / scaling_params(reference)
 

@@ -30,7 +30,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -43,7 +42,7 @@ from nanochat.connections import HC_OPTIONS, fused, liger, liveness  # noqa: E40
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
-from nanochat.gpt import attention_backend, build_model, compiled  # noqa: E402
+from nanochat.gpt import attention_backend, autocast_for, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
 from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_ratio,  # noqa: E402
                                    resolve_total_batch,
@@ -287,10 +286,6 @@ def main(argv=None):
     master = info.master
     stop = preempt.StopRequest(args.save_on_signal, announce=master)
     dtype = compute_dtype(device.type)
-    # 2026-07 has no autocast: the activations carry the compute dtype from the embedding tables
-    # on and every layer casts its weight to them (nanochat/gpt.py Linear)
-    autocast = (torch.amp.autocast(device_type=device.type, dtype=dtype)
-                if dtype != torch.float32 and args.trunk == trunks.DEFAULT else nullcontext())
 
     # Imported here so that `--help` and flag errors do not pay for them.
     from nanochat.dataloader import BestFitLoader, SplitRows, reshard_states
@@ -312,6 +307,9 @@ def main(argv=None):
         config = model_config_for(args, vocab_size)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    # 2026-07 has no autocast: the activations carry the compute dtype from the embedding tables
+    # on and every layer casts its weight to them (nanochat/gpt.py Linear)
+    autocast = autocast_for(config, device.type, dtype)
     if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
         raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
                          f"{device.type}); use --attention auto or sdpa")
@@ -380,14 +378,11 @@ def main(argv=None):
     accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
     num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
     batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
-    if args.trunk == trunks.DEFAULT:
-        weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, 1)
-        decay_rule = f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it"
-    else:
-        ratio = horizon_ratio(args, config, vocab_size)
-        weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, ratio)
-        decay_rule = (f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) / {ratio:.4g}, the horizon over "
-                      "depth 12's, as nanochat 92d63d4 scales it")
+    ratio = horizon_ratio(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
+    weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, ratio)
+    decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if ratio is None else
+                  f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) / {ratio:.4g}, the horizon over "
+                  "depth 12's, as nanochat 92d63d4 scales it")
 
     print0(f"run directory: {run_dir}")
     print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "
