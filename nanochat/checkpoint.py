@@ -25,7 +25,7 @@ import re
 import torch
 
 from nanochat.common import base_dir
-from nanochat.connections import fused, liger
+from nanochat.connections.backends import fused, liger
 from nanochat.gpt import GPTConfig, build_model
 
 

@@ -71,7 +71,7 @@ class GPTConfig:
     hc_sk_iters: int = 20
     hc_norm_weight: bool = True
     hc_recompute: bool = False
-    hc_kernels: str = "torch"  # stream-op backend: torch | liger | fused | auto (connections/ops.py)
+    hc_kernels: str = "torch"  # stream-op backend: torch | liger | fused | auto (connections/backends/ops.py)
     # Options of every HC variant (connections/trunk.py, hc.py); the first choice of each is
     # the paper's, and what checkpoints written before the options existed ran.
     hc_expand: str = "copy"  # copy | lss (Learned Stream Scaling)

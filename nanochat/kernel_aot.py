@@ -69,7 +69,7 @@ def recording(workload, backend, launches):
     backends accept CPU tensors."""
     from triton.runtime.jit import JITFunction
 
-    from nanochat.connections import fused, liger
+    from nanochat.connections.backends import fused, liger
     real = JITFunction.run, fused.runs_on, liger.runs_on
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -236,7 +236,7 @@ def compile_all(launches, targets=TARGETS, workers=None):
 
 def describe(launch):
     """A seam kernel's switches in words (fused.Seam.describe); '' for any other kernel."""
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     if launch.backend != "fused" or not launch.fn.__name__.startswith("seam_"):
         return ""
     return fused.describe(launch.kwargs)

@@ -70,7 +70,7 @@ class TrunkUnderTest(nn.Module):
 @contextlib.contextmanager
 def kernels_on_cpu():
     """Both kernel backends accept (fake) CPU tensors: nothing launches while tracing."""
-    from nanochat.connections import fused, liger
+    from nanochat.connections.backends import fused, liger
     real = fused.runs_on, liger.runs_on
     fused.runs_on = liger.runs_on = lambda device_type: True
     try:
@@ -283,7 +283,7 @@ def weight_grad_split_at_d12():
     each of the tiles the tokens present need (the splits past them load nothing), so that its
     partial sums, a fixed cost per launch, are counted at their D=12 size when an op runs at
     COUNT_TOKENS, without looping over D=12's tiles in the interpreter."""
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     real = fused.weight_grad_grid
 
     def grid(N, D):

@@ -38,7 +38,8 @@ from nanochat import checkpoint as ckpt  # noqa: E402
 from nanochat import preempt, preflight, trunks, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
-from nanochat.connections import HC_OPTIONS, fused, liger, liveness  # noqa: E402
+from nanochat.connections import HC_OPTIONS, liveness  # noqa: E402
+from nanochat.connections.backends import fused, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402

@@ -16,7 +16,7 @@ Two benchmarks, forward + backward each (no optimizer step):
          --batch, --vocab-size) on random tokens: loss, then backward.
 
 Backends: --hc-kernels torch,liger benches every HC variant once per stream-op backend
-(`hc_kernels`: the ops of nanochat/connections/ops.py, or Liger-Kernel's fused Triton
+(`hc_kernels`: the ops of nanochat/connections/backends/ops.py, or Liger-Kernel's fused Triton
 kernels, CUDA only); `x torch` is each row's time over the same variant's torch row.
 --hc-pre current,delayed does the same for DeepSeek-V4.1's delayed pre-weights (the layer
 benchmark then hands the layer the pre-weights a previous layer would carry in).
@@ -93,7 +93,7 @@ from nanochat import connections
 from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
 from nanochat.common import device_name, single_gpu_device, synchronize, text_table
 from nanochat.connections.hc import PRES
-from nanochat.connections.ops import KERNELS
+from nanochat.connections.backends.ops import KERNELS
 from nanochat.gpt import COMPILE_MODES, GPTConfig, build_model, compiled
 from scripts import bench_infer, bench_profile, bench_traffic
 

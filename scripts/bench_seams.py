@@ -1,5 +1,5 @@
 """Time the fused seam kernels (`--hc-kernels fused`) under other tilings on one GPU: tokens
-per program, warps, and channels per chunk, forward and backward (nanochat/connections/fused.py).
+per program, warps, and channels per chunk, forward and backward (nanochat/connections/backends/fused.py).
 
     python -m scripts.bench_seams [--variants kromhc mhc] [--tilings 16,8,128,64 32,4,128,64 ...]
                                   [--out DIR] [--model]
@@ -50,7 +50,7 @@ def tiling(text):
 
 def default_tilings():
     """The kernels' own tiling, then the others."""
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     own = fused.tiling()
     return [own] + [t for t in map(tiling, OTHER_TILINGS) if t != own]
 
@@ -149,7 +149,7 @@ def precompile(variants, tilings, device):
     import triton
 
     from nanochat import kernel_aot
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     cc = torch.cuda.get_device_capability(device)
     cc = cc[0] * 10 + cc[1]
     t0 = time.time()
@@ -176,7 +176,7 @@ def precompile(variants, tilings, device):
 
 def sweep(args, device, size, out, t0):
     """Every tiling on every variant, tilings outer (a budget cut leaves whole tilings)."""
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     data, first = {v: inputs(size, device, dtype) for v in args.variants}, {}
     for variant, (x0, grad) in data.items():
@@ -259,7 +259,7 @@ def main(argv=None):
               f"gap {r['max_rel_gap']:.1e}")
     print("torch backend:", out["torch_backend"], "fastest:", out["fastest"])
     if args.model and out["fastest"] and cuda:
-        from nanochat.connections import fused
+        from nanochat.connections.backends import fused
 
         from scripts import gpu_check
         fused.set_tiling(*out["fastest"])

@@ -356,7 +356,7 @@ _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "
 def kernel_backends(device, wanted=("torch", "liger", "fused")):
     """(the backends of `wanted` that run here, {backend: why not} for the others): torch
     always; liger and fused on CUDA (or under Triton's interpreter) when installed."""
-    from nanochat.connections import fused, liger
+    from nanochat.connections.backends import fused, liger
     ok, missing = ["torch"] if "torch" in wanted else [], {}
     for name, module, what in (("liger", liger, "Liger-Kernel"), ("fused", fused, "Triton")):
         if name not in wanted:

@@ -58,7 +58,7 @@ def main(argv=None):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("error: TRITON_INTERPRET=1 replaces the kernels with Python; unset it to compile them")
     from nanochat import kernel_aot
-    from nanochat.connections import liger
+    from nanochat.connections.backends import liger
     if "liger" in args.backends and not liger.AVAILABLE:
         raise SystemExit("error: Liger-Kernel is not installed: pip install -e '.[kernels]', or --backends fused")
     t0 = time.perf_counter()

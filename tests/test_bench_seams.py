@@ -11,7 +11,7 @@ from scripts import bench_seams
 
 def test_a_sweep_times_every_tiling_against_the_first(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     before = fused.tiling()
     bench_seams.main(["--out", str(tmp_path), "--variants", "hc_identity", "--tilings", "16,8,128,64", "32,2,256,128",
                       "--reps", "1", "--warmup", "0"])
@@ -69,6 +69,6 @@ def test_on_a_gpu_the_dots_take_trainings_precision(monkeypatch):
 
 
 def test_the_default_sweep_starts_from_the_kernels_own_tiling():
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     tilings = bench_seams.build_parser().parse_args([]).tilings
     assert tilings[0] == fused.tiling() and len(set(tilings)) == len(tilings) == 9

@@ -9,7 +9,7 @@ import torch
 import torch._dynamo
 from torch._inductor.utils import run_and_get_code
 
-from nanochat.connections.ops import project
+from nanochat.connections.backends.ops import project
 from test_connections import build_layer, randomize, random_streams
 
 

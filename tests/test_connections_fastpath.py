@@ -1,4 +1,4 @@
-"""The fast connection path (nanochat/connections/ops.py and the recomputing Sinkhorn-Knopp)
+"""The fast connection path (nanochat/connections/backends/ops.py and the recomputing Sinkhorn-Knopp)
 against the paper's equations, in every execution mode: eager, with hc_recompute, and
 traced by torch.compile (which takes the plain-op form of the projection and the mixes);
 its memory promises (no fp32 copy of bf16 streams, eager or through Inductor; no Sinkhorn
@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 
 from nanochat.connections.birkhoff import sinkhorn_log
-from nanochat.connections.ops import mix_post, mix_pre, project
+from nanochat.connections.backends.ops import mix_post, mix_pre, project
 from nanochat.gpt import GPTConfig, build_model
 from test_connections import (assert_matches_reference, build_layer, make_branch, randomize, random_streams,
                               reference_forward)

@@ -187,7 +187,7 @@ def test_fused_seams_keep_bf16_streams_and_fp32_coefficients(case, monkeypatch):
     CUDA tensors: shapes and dtypes as their kernels write them), one per boundary (an off-chip
     H_res, go-mHC's beyond m = n s = 8, adds a reading seam per layer); streams, the sub-layers' inputs and outputs bf16 in and
     out, coefficients fp32; nothing stream- or C-wide saved for backward in fp32."""
-    from nanochat.connections import fused
+    from nanochat.connections.backends import fused
     seams, saved = [], []
     real = fused._seam
 

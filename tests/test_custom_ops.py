@@ -11,7 +11,7 @@ CHECK = textwrap.dedent("""
     import gc, importlib.util, sys
     import torch
     from torch._library.custom_ops import OPDEFS
-    from nanochat.connections import liger, ops
+    from nanochat.connections.backends import liger, ops
 
     names = [q for q in OPDEFS if q.startswith("nanochat::")]
     before = {q: OPDEFS[q] for q in names}

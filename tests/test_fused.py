@@ -1,4 +1,4 @@
-"""hc_kernels = fused (nanochat/connections/fused.py, fused_kernels.py): our Triton seam kernels
+"""hc_kernels = fused (nanochat/connections/backends/fused.py, fused_kernels.py): our Triton seam kernels
 against the PyTorch path, on CPU tensors in Triton's interpreter (conftest.py turns it on),
 tiny shapes whose token and channel counts are not multiples of the kernels' blocks.
 
@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 
 from nanochat.checkpoint import model_from_state
-from nanochat.connections import fused, ops
+from nanochat.connections.backends import fused, ops
 from nanochat.connections.trunk import LearnedHead
 from nanochat.gpt import GPTConfig, build_model, norm
 from test_connections import build_layer, make_branch, randomize

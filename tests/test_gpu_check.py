@@ -132,7 +132,7 @@ def test_time_budget_skips_and_lists_what_is_left(tmp_path, monkeypatch):
 
 
 def test_kernels_section_says_why_it_cannot_measure(tmp_path, monkeypatch):
-    from nanochat.connections import fused, liger
+    from nanochat.connections.backends import fused, liger
     monkeypatch.setattr(liger, "AVAILABLE", False)
     monkeypatch.setattr(fused, "runs_on", lambda device_type: False)
     gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels"])

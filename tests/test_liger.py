@@ -1,4 +1,4 @@
-"""hc_kernels = liger (nanochat/connections/liger.py): Liger-Kernel's fused Triton kernels
+"""hc_kernels = liger (nanochat/connections/backends/liger.py): Liger-Kernel's fused Triton kernels
 against the torch path, on CPU tensors in Triton's interpreter, fp32 and tiny shapes (the
 interpreter runs every kernel instance in Python). For every variant: the layer's output
 and the gradients of the streams and of every parameter; a tiny GPT's first training
@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 
 from nanochat.checkpoint import model_from_state
-from nanochat.connections import liger
+from nanochat.connections.backends import liger
 from nanochat.gpt import GPTConfig, build_model
 from test_connections import build_layer, make_branch, randomize, random_streams
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from nanochat.connections.ops import RMS_EPS
+from nanochat.connections.backends.ops import RMS_EPS
 from nanochat.gpt import GPT, GPTConfig, build_model, model_config_from_depth
 from test_gpt import randomize
 from test_train_e2e import base, kill_resume_and_compare  # noqa: F401 (base: a fixture)

@@ -45,7 +45,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import fused, hc, ops, trunk
+from nanochat.connections import hc, trunk
+from nanochat.connections.backends import fused, ops
 from nanochat.connections.diagnostics import record_state
 from nanochat.connections.spec import OPTIONS, SpecError, listed_order, spec_of
 
@@ -108,7 +109,10 @@ def in_package(name):
 
 
 def _declares_spec(info):
-    """Whether a module of the package (a pkgutil ModuleInfo) assigns SPEC at its top level."""
+    """Whether a module of the package (a pkgutil ModuleInfo) assigns SPEC at its top level (a
+    subpackage, the stream backends', holds no wiring)."""
+    if info.ispkg:
+        return False
     with open(os.path.join(info.module_finder.path, f"{info.name}.py")) as f:
         return re.search(r"^SPEC\s*=", f.read(), re.MULTILINE) is not None
 

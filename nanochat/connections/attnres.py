@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from nanochat.connections.diagnostics import config_params, record_reads
-from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
+from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import nonneg_int
 

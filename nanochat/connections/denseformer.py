@@ -30,7 +30,7 @@ in fp32 (fp64 for fp64 states) and rounds once.
 import torch
 from torch import nn
 
-from nanochat.connections.ops import coefficient_dtype, no_autocast
+from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
 from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
 from nanochat.flags import positive_int
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.hc import resolve_streams
-from nanochat.connections.ops import RMS_EPS, coefficient_dtype, mix_post, no_autocast
+from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, mix_post, no_autocast
 from nanochat.connections.trunk import ConnectionLayer
 from nanochat.flags import nonneg_int
 

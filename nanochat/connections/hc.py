@@ -50,8 +50,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanochat.connections.diagnostics import config_params, config_stream_flops, record_layer
-from nanochat.connections import fused
-from nanochat.connections.ops import (RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project,
+from nanochat.connections.backends import fused
+from nanochat.connections.backends.ops import (RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project,
                                       uses_fused)
 from nanochat.connections.res_maps import FreeMap, IdentityMap
 from nanochat.connections.trunk import ConnectionLayer

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from nanochat.connections import prenorm
-from nanochat.connections.ops import coefficient_dtype, no_autocast
+from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
 from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice, positive_int
 

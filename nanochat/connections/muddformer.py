@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections.ops import RMS_EPS, coefficient_dtype, no_autocast
+from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
 from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
 
 WAYS = 4  # Q, K, V, R

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections.ops import no_autocast
+from nanochat.connections.backends.ops import no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
 from nanochat.connections.trunk import ConnectionLayer
 

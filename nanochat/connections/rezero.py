@@ -25,7 +25,7 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.ops import coefficient_dtype, no_autocast
+from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
 from nanochat.connections.trunk import ConnectionLayer
 

@@ -28,7 +28,7 @@ reduce (`hc_reduce`, and `hc_pre`)
 import torch
 from torch import nn
 
-from nanochat.connections.ops import RMS_EPS, mix_pre, no_autocast, rms_project
+from nanochat.connections.backends.ops import RMS_EPS, mix_pre, no_autocast, rms_project
 
 EXPANDS = ("copy", "lss")
 REDUCES = ("sum", "learned")

@@ -22,7 +22,7 @@ from torch import nn
 
 from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.hc import resolve_streams
-from nanochat.connections.ops import coefficient_dtype, mix_post, mix_pre
+from nanochat.connections.backends.ops import coefficient_dtype, mix_post, mix_pre
 from nanochat.connections.trunk import ConnectionLayer
 
 

@@ -63,8 +63,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from nanochat.connections import triton_device
-from nanochat.connections.custom_ops import custom_op
+from nanochat.connections.backends import triton_device
+from nanochat.connections.backends.custom_ops import custom_op
 from nanochat.connections.res_maps import cayley_pad, kernel_np, next_power_of_two
 
 INSTALL_HINT = "pip install -e '.[kernels]'"
@@ -108,7 +108,7 @@ def check_device(X):
 def kernels():
     # imported on first use: importing Triton takes seconds, and an exported model (which
     # never trains) must not need it
-    return importlib.import_module("nanochat.connections.fused_kernels")
+    return importlib.import_module("nanochat.connections.backends.fused_kernels")
 
 
 # ----- what one seam computes -----

@@ -41,8 +41,8 @@ import torch._functorch.config
 if hasattr(torch._functorch.config, "backward_pass_autocast"):
     torch._functorch.config.backward_pass_autocast = "off"
 
-from nanochat.connections import fused, liger
-from nanochat.connections.custom_ops import custom_op
+from nanochat.connections.backends import fused, liger
+from nanochat.connections.backends.custom_ops import custom_op
 
 KERNELS = ("torch", "liger", "fused", "auto")
 # F.rms_norm's default for fp32 inputs; written out because the norm is applied after the

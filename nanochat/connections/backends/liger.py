@@ -38,8 +38,8 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from nanochat.connections import triton_device
-from nanochat.connections.custom_ops import custom_op
+from nanochat.connections.backends import triton_device
+from nanochat.connections.backends.custom_ops import custom_op
 
 INSTALL_HINT = "pip install -e '.[kernels]'"
 AVAILABLE = all(importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton"))
