@@ -15,8 +15,13 @@ and its wheel carries cuobjdump, which reads the resources from the binary. So:
 3. Read registers, stack (spilled registers) and static shared memory from the cubin
    (`cuobjdump -res-usage`), the dynamic shared memory from Triton's metadata.
 
+4. Read the loads of each kernel's streaming loop from its PTX, and with its resources estimate
+   the bytes it keeps in flight per SM (nanochat/in_flight.py).
+
 Checks (`failures`): no spills; shared memory within the target's per-block limit; every
-kernel that reads or writes the streams launches at least two waves of an H100's 132 SMs.
+kernel that reads or writes the streams launches at least two waves of an H100's 132 SMs and
+keeps the bytes in flight per SM that an H100 (sm_90) or an A100 (sm_80) needs at its
+bandwidth.
 Run it without TRITON_INTERPRET (the interpreter replaces the kernels this compiles):
 `python -m scripts.kernel_check`.
 """
@@ -31,6 +36,8 @@ import subprocess
 import tempfile
 
 import torch
+
+from nanochat import in_flight
 
 TARGETS = (80, 90)  # compute capabilities: A100; H100 and H200
 # Maximum shared memory per block, opt-in (CUDA C++ Programming Guide, "Technical
@@ -60,7 +67,7 @@ class Compiled:
     workloads: list
     programs: int
     streams: bool  # reads or writes a stream-sized tensor
-    resources: dict  # target -> dict(regs, spill, shared)
+    resources: dict  # target -> dict(regs, spill, shared, warps, loads: in_flight.StreamingLoads)
 
 
 @contextlib.contextmanager
@@ -197,8 +204,9 @@ def cuobjdump():
 
 
 def resources(launch, cc):
-    """dict(regs, spill, shared) of the launch's kernel compiled for cc: spill = the stack
-    frame ptxas gave it (where spilled registers go), shared = static + dynamic bytes."""
+    """dict(regs, spill, shared, warps, loads) of the launch's kernel compiled for cc: spill =
+    the stack frame ptxas gave it (where spilled registers go), shared = static + dynamic
+    bytes, loads = its streaming loop's (in_flight.streaming_loads of the PTX)."""
     import triton
     target, src, options, _ = specialize(launch, cc)
     kernel = triton.compile(src, target=target, options=options.__dict__)
@@ -208,8 +216,10 @@ def resources(launch, cc):
             f.write(kernel.asm["cubin"])
         usage = subprocess.run([cuobjdump(), "-res-usage", path], capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage.split("Function", 1)[1]))
+    warps = kernel.metadata.num_warps
     return dict(regs=int(found["REG"]), spill=int(found["STACK"]) + int(found["LOCAL"]),
-                shared=int(found["SHARED"]) + kernel.metadata.shared)
+                shared=int(found["SHARED"]) + kernel.metadata.shared, warps=warps,
+                loads=in_flight.streaming_loads(kernel.asm["ptx"], warps, kernel.metadata.num_stages))
 
 
 def programs(launch):
@@ -242,6 +252,14 @@ def describe(launch):
     return fused.describe(launch.kwargs)
 
 
+def estimate(k, cc, gpu=None):
+    """in_flight.Estimate of compiled kernel k's binary for cc on `gpu` (default: the one the
+    check holds cc to, in_flight.CHECKED)."""
+    r = k.resources[cc]
+    return in_flight.estimate(r["regs"], r["shared"], r["warps"], k.programs, r["loads"], cc,
+                              gpu or in_flight.CHECKED[cc])
+
+
 def failures(compiled):
     """One line per violated check."""
     out = []
@@ -255,4 +273,25 @@ def failures(compiled):
         if k.streams and k.programs < MIN_PROGRAMS:
             out.append(f"{k.backend} {k.name} launches {k.programs} programs at D=12, under two waves of an H100 "
                        f"({MIN_PROGRAMS})")
+        for cc in k.resources if k.streams else ():
+            e = estimate(k, cc)
+            if e.short:
+                out.append(f"{k.backend} {k.name} ({k.what or 'as launched'}) on sm_{cc}: {e.describe()}")
     return out
+
+
+def middle_seams(tiling, workload=("kromhc", dict(hc="kromhc")), targets=(90,)):
+    """[Compiled] of a middle seam's forward and backward (post mix > gates) of a D=12 trunk at
+    `tiling` (fused.set_tiling's arguments: tokens, warps, forward and backward chunk), for
+    comparing tilings; the tiling in force before is restored."""
+    from nanochat.connections.backends import fused
+    before = fused.tiling()
+    launches = []
+    fused.set_tiling(*tiling)
+    try:
+        with recording(workload[0], "fused", launches):
+            run_fused(workload[1])
+    finally:
+        fused.set_tiling(*before)
+    middle = [launch for launch in launches if describe(launch).startswith("post > gates")]
+    return compile_all(middle, targets)

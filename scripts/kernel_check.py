@@ -1,7 +1,10 @@
 """Compile every Triton kernel of `--hc-kernels fused` and `--hc-kernels liger` ahead of time for
 sm_80 and sm_90 at D=12 shapes, without a GPU, and check their resources (nanochat/kernel_aot.py):
-no register spills, shared memory within each target's limit, at least two waves of an
-H100's SMs for every kernel that moves the streams.
+no register spills, shared memory within each target's limit, and for every kernel that moves
+the streams at least two waves of an H100's SMs and the bytes in flight per SM that an H100
+(sm_90) or an A100 (sm_80) needs at its bandwidth (nanochat/in_flight.py). Per target the
+table shows programs per SM and KiB in flight per SM, and for sm_90 the ratio to an H200's
+need.
 
 python -m scripts.kernel_check                 # the table; exit 1 when a check fails
 python -m scripts.kernel_check --markdown FILE # also the table as Markdown (docs/kernels.md)
@@ -32,20 +35,25 @@ def build_parser():
 
 
 def rows(compiled, targets):
+    from nanochat import in_flight, kernel_aot
     out = []
     for k in compiled:
         cells = [f"{k.backend} {k.name}", k.what, ", ".join(k.workloads) if len(k.workloads) <= 3
                  else f"{len(k.workloads)} workloads", f"{k.programs:,}"]
         for cc in targets:
-            r = k.resources[cc]
-            cells += [str(r["regs"]), str(r["spill"]), f"{r['shared'] / 1024:.1f}"]
+            r, e = k.resources[cc], kernel_aot.estimate(k, cc)
+            cells += [str(r["regs"]), str(r["spill"]), f"{r['shared'] / 1024:.1f}", str(e.programs_per_sm),
+                      f"{e.per_sm / 1024:.1f}"]
+        if 90 in targets:
+            cells.append(f"{kernel_aot.estimate(k, 90, in_flight.H200).ratio:.2f}")
         out.append(cells)
     return out
 
 
 def header(targets):
-    return ["kernel", "seam", "launched by", "programs"] + [f"sm_{cc} {h}" for cc in targets
-                                                    for h in ("regs", "spill B", "smem KiB")]
+    per_target = ("regs", "spill B", "smem KiB", "progs/SM", "KiB in flight/SM")
+    return (["kernel", "seam", "launched by", "programs"] + [f"sm_{cc} {h}" for cc in targets for h in per_target]
+            + (["x H200 need"] if 90 in targets else []))
 
 
 def markdown(head, body):
@@ -69,6 +77,10 @@ def main(argv=None):
     import triton
     print(f"\n{len(compiled)} kernels at D=12 (n={n['n']}, C={n['C']}, {n['B']} x {n['T']} tokens), compiled by Triton "
           f"{triton.__version__} for {', '.join(f'sm_{cc}' for cc in args.targets)} in {time.perf_counter() - t0:.0f} s")
+    from nanochat import in_flight
+    needs = ", ".join(f"{g.name} {in_flight.need_per_sm(g) / 1024:.1f} KiB"
+                      for g in (in_flight.A100, in_flight.H100, in_flight.H200))
+    print(f"bytes in flight per SM needed at peak (bandwidth x {in_flight.LATENCY_S * 1e9:.0f} ns / SMs): {needs}")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(head, body))
@@ -79,7 +91,7 @@ def main(argv=None):
     if problems:
         raise SystemExit(1)
     print("no spills, shared memory within limits, every stream kernel at least "
-          f"{kernel_aot.MIN_PROGRAMS} programs")
+          f"{kernel_aot.MIN_PROGRAMS} programs and its need of bytes in flight")
     return compiled
 
 

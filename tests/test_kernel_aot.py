@@ -16,19 +16,25 @@ pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def compiled(programs=1000, streams=True, regs=64, spill=0, shared=0):
+def compiled(programs=1000, streams=True, regs=64, spill=0, shared=0, warps=4, loaded=16384):
+    from nanochat import in_flight
+    loads = in_flight.StreamingLoads(loaded, 0, 1, "", looped=True)
     return kernel_aot.Compiled("seam_forward", "entry", "fused", ["kromhc"], programs, streams,
-                               {cc: dict(regs=regs, spill=spill, shared=shared) for cc in kernel_aot.TARGETS})
+                               {cc: dict(regs=regs, spill=spill, shared=shared, warps=warps, loads=loads)
+                                for cc in kernel_aot.TARGETS})
 
 
 def test_checks_pass_a_kernel_within_every_limit():
-    assert kernel_aot.failures([compiled(), compiled(programs=10, streams=False)]) == []
+    assert kernel_aot.failures([compiled(), compiled(programs=10, streams=False, loaded=0)]) == []
 
 
 @pytest.mark.parametrize("case, expect", [
     (dict(spill=16), "spills 16 bytes on sm_80"),
     (dict(shared=200 * 1024), "over sm_80's 166912"),
     (dict(programs=263), "launches 263 programs at D=12, under two waves of an H100 (264)"),
+    # two programs of 255 registers x 6 KiB: 12 KiB per SM, under an A100's 12.7 and an H100's 17.3
+    (dict(regs=255, loaded=6144), "(entry) on sm_80: 12.0 KiB in flight per SM"),
+    (dict(regs=255, loaded=6144), "under an H100's need of 17.3 KiB"),
 ])
 def test_checks_name_each_violation(case, expect):
     lines = kernel_aot.failures([compiled(**case)])
@@ -68,7 +74,7 @@ COMPILE = textwrap.dedent("""
         crowded[(1,)](x, y, BLOCK=64, num_warps=1, maxnreg=32)
     for k in kernel_aot.compile_all(launches, targets=(90,), workers=2):
         r = k.resources[90]
-        print(k.name, k.programs, r["regs"], r["spill"], r["shared"])
+        print(k.name, k.programs, r["regs"], r["spill"], r["shared"], r["loads"].in_flight, int(r["loads"].looped))
 """)
 
 
@@ -81,10 +87,12 @@ def test_a_kernel_compiles_for_sm90_and_its_resources_are_read(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     found = {line.split()[0]: list(map(int, line.split()[1:])) for line in out.stdout.splitlines()}
-    programs, regs, spill, _ = found["copy"]
+    programs, regs, spill, _, loaded, looped = found["copy"]
     assert programs == 5 and 0 < regs <= 64 and spill == 0
-    programs, regs, spill, _ = found["crowded"]
+    assert (loaded, looped) == (256 * 4, 0)  # no loop: its one fp32 block, every thread's share once
+    programs, regs, spill, _, _, _ = found["crowded"]
     assert programs == 1 and regs <= 32 and spill > 0
     lines = kernel_aot.failures([kernel_aot.Compiled("crowded", "", "fused", ["test"], 1, False,
-                                                     {90: dict(regs=regs, spill=spill, shared=0)})])
+                                                     {90: dict(regs=regs, spill=spill, shared=0, warps=1,
+                                                               loads=None)})])
     assert lines == [f"fused crowded (as launched) spills {spill} bytes on sm_90"]
