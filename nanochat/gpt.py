@@ -72,6 +72,9 @@ class GPTConfig:
     hc_norm_weight: bool = True
     hc_recompute: bool = False
     hc_kernels: str = "torch"  # stream-op backend: torch | liger | fused | auto (connections/backends/ops.py)
+    # fused seams: backward keeps the streams at every K-th seam and recomputes the others
+    # (connections/backends/fused.py, run); 1 keeps every one
+    hc_stream_checkpoint: int = 1
     # Options of every HC variant (connections/trunk.py, hc.py); the first choice of each is
     # the paper's, and what checkpoints written before the options existed ran.
     hc_expand: str = "copy"  # copy | lss (Learned Stream Scaling)

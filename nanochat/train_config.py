@@ -117,6 +117,10 @@ FLAGS = [
     ("hc_kernels", choice("torch", "liger", "fused", "auto"), "torch",
      "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; pip install -e '.[kernels]') | "
      "fused (our Triton kernels, fused across sub-layers: docs/kernels.md) | auto (liger on CUDA when installed)"),
+    ("hc_stream_checkpoint", positive_int(), 1,
+     "fused seams: keep the streams for backward at every K-th seam only and recompute the others from the "
+     "sub-layers' outputs (less activation memory for a few more stream passes backward: docs/kernels.md, "
+     "\"Memory\"); 1 keeps every one"),
     # options of every HC variant beyond the paper (nanochat/connections/trunk.py, hc.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "
@@ -195,6 +199,7 @@ FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS} | trunks.FLAG_D
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
                      "keep_checkpoints", "hc_stats_every", "compile", "compile_mode", "device_type", "data_dir", "hc_kernels",
+                     "hc_stream_checkpoint",
                      "save_on_signal", "dist_timeout", "device_batch_size"}
 
 

@@ -13,6 +13,7 @@ autograd registrations, one graph under dynamo; where the kernels run and where 
 configuration errors."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -330,18 +331,25 @@ def test_custom_ops_pass_opcheck():
     t = fused.layer_target(layer)
     seam = fused.Seam(4, source="post", read="projected", write_x=True, eps=EPS, **t.fields)
     args = (X, y, h_post, h_res, None, t.w.detach().requires_grad_(), t.scale.detach().requires_grad_(),
-            t.bias.detach().requires_grad_(), t.table, seam.encode())
-    torch.library.opcheck(fused._seam, args)
+            t.bias.detach().requires_grad_(), t.table)
+    torch.library.opcheck(fused._seam, (*args, None, [], seam.encode()))
     given = fused.Seam(4, source="given", read="given", eps=EPS)
     torch.library.opcheck(fused._seam, (X, None, None, None, torch.rand(N_TOKENS, 4, requires_grad=True), None, None,
-                                        None, None, given.encode()))
+                                        None, None, None, [], given.encode()))
+    # a stream checkpoint: X recomputed in backward from the stream before it and one post mix,
+    # X_next not kept (the backward kernel writes it again for the weight gradient)
+    X0, y0, h_post0, h_res0 = (t.detach() for t in inputs(4, seed=2))
+    X = fused.restream(X0, [y0, h_post0, h_res0], 1, True, EPS, 4).requires_grad_()
+    recomputed = dataclasses.replace(seam, recompute=1, keep_next=False)
+    torch.library.opcheck(fused._seam, (X, *args[1:], X0, [y0, h_post0, h_res0], recomputed.encode()))
 
 
-def test_model_traces_as_one_graph_and_compiles_like_eager():
+@pytest.mark.parametrize("K", [1, 2])
+def test_model_traces_as_one_graph_and_compiles_like_eager(K):
     """The forward compiles as one graph (fullgraph: a graph break would raise), and the
     AOT-traced forward and backward (fake implementations, the registered backward) equal
-    eager."""
-    model, idx = tiny_gpt("fused", hc="mhc"), batch()
+    eager; with stream checkpoints (K = 2) too."""
+    model, idx = tiny_gpt("fused", hc="mhc", hc_stream_checkpoint=K), batch()
     torch._dynamo.reset()
     loss_e, grads_e = loss_and_grads(model, idx)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
@@ -447,3 +455,64 @@ def test_the_widest_maps_take_fewer_tokens_per_backward_program():
         assert warps == (2 * fused.NUM_WARPS if wide else fused.NUM_WARPS)
         assert seam.forward_constexprs()["BLOCK_T"] == fused.BLOCK_T
         assert fused.seam_grid(100, block) == (-(-100 // block),)
+
+
+# ----- stream checkpoints (hc_stream_checkpoint) -----
+
+# 2 blocks: 5 seams, which neither K = 2 nor K = 3 divides; an H_res off chip (go-mHC at m = 12),
+# H_res = I, the learned head, delayed pre-weights and the 2026-07 trunk's backout
+CHECKPOINT_CASES = [dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc", hc_go_s=3),
+                    dict(hc="hc_identity", hc_streams=3), dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"),
+                    dict(hc="kromhc", trunk="2026-07")]
+
+
+@pytest.mark.parametrize("K", [2, 3])
+@pytest.mark.parametrize("case", CHECKPOINT_CASES, ids=model_case_id)
+def test_stream_checkpoints_recompute_the_streams_bitwise(case, K):
+    """Keeping the streams at every K-th seam only and recomputing the others in backward (the
+    seam forward that wrote them, again) gives the loss and every gradient bitwise."""
+    idx = batch()
+    loss, grads = loss_and_grads(tiny_gpt("fused", n_layer=2, **case), idx)
+    loss_k, grads_k = loss_and_grads(tiny_gpt("fused", n_layer=2, hc_stream_checkpoint=K, **case), idx)
+    assert torch.equal(loss_k, loss)
+    for name, g in grads.items():
+        assert torch.equal(grads_k[name], g), name
+
+
+def saved_streams(model, idx):
+    """The distinct stream-sized tensors (tokens x n x C) autograd keeps for backward."""
+    from torch.autograd.graph import saved_tensors_hooks
+    C, n = model.config.n_embd, model.config.hc_streams
+    seen = {}
+
+    def pack(t):
+        if t.dim() == 3 and t.shape[1:] == (n, C):
+            seen[t.untyped_storage().data_ptr()] = t.shape
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    return len(seen)
+
+
+@pytest.mark.parametrize("case", [dict(hc="kromhc"), dict(hc="go_mhc", hc_go_s=3), dict(hc="kromhc",
+                                                                                        hc_reduce="learned")],
+                         ids=model_case_id)
+def test_stream_checkpoints_keep_every_kth_stream(case):
+    """With K, backward keeps the streams at seams 0, K, 2K, ... of the 8 streams a 4-block
+    trunk writes (X_0 .. X_7; the learned head's X_8 is written again by its seam's backward):
+    8, 4, 3 and 2 of them for K = 1, 2, 3, 4."""
+    idx = batch()
+    kept = {K: saved_streams(tiny_gpt("fused", n_layer=4, hc_stream_checkpoint=K, **case), idx) for K in (1, 2, 3, 4)}
+    streams = 8 + (1 if case.get("hc_reduce") == "learned" else 0)
+    assert kept == {1: streams, 2: 4, 3: 3, 4: 2}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hc="kromhc", hc_stream_checkpoint=2), "needs hc_kernels='fused' (or 'auto'), not 'torch'"),
+    (dict(hc="kromhc", hc_kernels="fused", hc_stream_checkpoint=0), "must be a positive integer"),
+    (dict(hc="residual", hc_kernels="auto", hc_stream_checkpoint=2), "which hc='residual' does not run"),
+])
+def test_stream_checkpoint_errors(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GPTConfig(**overrides)

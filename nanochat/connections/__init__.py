@@ -193,10 +193,11 @@ class StreamConnections(nn.Module):
     sub-layers, if it declares any (its module's `init_sublayers`)."""
 
     def __init__(self, n, layers, expand, reduce, groups=None, sublayer_prenorm=True, sublayer_init=None,
-                 kernels="torch"):
+                 kernels="torch", stream_checkpoint=1):
         super().__init__()
         self.n = n
         self.kernels = kernels  # hc_kernels: "fused" runs the trunk as fused seams (fused.py)
+        self.stream_checkpoint = stream_checkpoint  # hc_stream_checkpoint: the fused seams keep every K-th stream
         self.layers = nn.ModuleList(layers)
         self.expand = expand
         self.reduce = reduce
@@ -215,7 +216,8 @@ class StreamConnections(nn.Module):
         if self.runs_fused(x0) and mid != len(self.layers) - 1:
             # the seams between layers belong to the trunk: one kernel each (fused.py), which
             # also norms the sub-layers' inputs (the branches it is handed are raw)
-            out, kept = fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm, keep_after=mid)
+            out, kept = fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm, keep_after=mid,
+                                  checkpoint=self.stream_checkpoint)
             return out if mid is None else out - backout.to(out.dtype) * self.reduce(*kept)
         X = self.expand(x0)
         carry = kept = None
@@ -345,6 +347,10 @@ def resolve_backend(cfg):
                if declared.kernel != "hyper_connection" else "")
         raise ValueError(f"hc_kernels={cfg.hc_kernels!r} does not run hc={cfg.hc!r} ({why}SPEC backends: "
                          f"{', '.join(declared.backends)}); use hc_kernels='torch' or 'auto'")
+    if cfg.hc_stream_checkpoint != 1 and not declared.takes("fused"):
+        raise ValueError(f"hc_stream_checkpoint={cfg.hc_stream_checkpoint!r} recomputes the streams between fused "
+                         f"seams, which hc={cfg.hc!r} does not run (SPEC backends: {', '.join(declared.backends)}); "
+                         "drop it")
     ops.resolve_kernels(cfg)
 
 
@@ -369,7 +375,8 @@ def build(cfg):
     kernels = cfg.hc_kernels if hyper_connection_layers(cfg.hc) else "torch"
     return StreamConnections(cfg.hc_streams, layers, expand, reduce,
                              getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
-                             None if init is None else lambda sublayers: init(cfg, sublayers), kernels)
+                             None if init is None else lambda sublayers: init(cfg, sublayers), kernels,
+                             cfg.hc_stream_checkpoint)
 
 
 def check_layers(name, layers):

@@ -97,6 +97,17 @@ def check(n=None):
                          "(or use hc_kernels='torch')")
 
 
+def check_stream_checkpoint(cfg):
+    """hc_stream_checkpoint (config time): a positive K, for the fused seams only, which keep or
+    recompute the streams (the other backends keep every layer's, as autograd does)."""
+    K = cfg.hc_stream_checkpoint
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"hc_stream_checkpoint={K!r} must be a positive integer (1 keeps every stream)")
+    if K > 1 and cfg.hc_kernels not in ("fused", "auto"):
+        raise ValueError(f"hc_stream_checkpoint={K} recomputes the streams between the fused seams: it needs "
+                         f"hc_kernels='fused' (or 'auto'), not {cfg.hc_kernels!r}; or drop it")
+
+
 runs_on = triton_device.runs_on
 
 
@@ -129,7 +140,12 @@ class Seam:
     write_x    store X_next; emit_carry: the projected pre-weights go to the next seam
                (delayed pre-weights) rather than being read now
     norm       the read is the sub-layer's input: write it through the model's RMSNorm (eps_u
-               its epsilon)"""
+               its epsilon)
+    recompute  stream checkpoints (`run`): 0 keeps X for backward; r > 0 keeps instead the last
+               kept stream and the r post mixes since (chain_res: whether they mix with an
+               H_res), from which backward recomputes X
+    keep_next  keep X_next for backward (the weight gradient reads it); False: the backward
+               kernel writes it again from X and y as it recomputes it"""
     n: int
     source: str = "given"
     res_in: bool = True
@@ -149,6 +165,9 @@ class Seam:
     norm: bool = False
     eps: float = 0.0
     eps_u: float = 0.0
+    recompute: int = 0
+    chain_res: bool = True
+    keep_next: bool = True
 
     def encode(self):
         return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -176,7 +195,17 @@ class Seam:
         # the Sinkhorn backward keeps every round's potentials: a power-of-two register tile
         c = self.constexprs()
         return dict(c, SK_HIST=next_power_of_two(max(1, self.sk_iters)), BLOCK_C=block_c(self.n, backward=True),
-                    BLOCK_T=backward_tiling(c["KBX"])[0])
+                    BLOCK_T=backward_tiling(c["KBX"])[0], WRITE_XN=self.rewrites_next)
+
+    @property
+    def needs_next(self):
+        """Whether backward reads X_next from memory: the weight gradient of a post seam's projection."""
+        return self.projects and self.source == "post"
+
+    @property
+    def rewrites_next(self):
+        """Whether the backward kernel writes X_next again (it was not kept)."""
+        return self.needs_next and not self.keep_next
 
 
 def describe(constexprs):
@@ -265,7 +294,10 @@ def _outputs(seam, x):
 @custom_op("nanochat::hc_seam", mutates_args=())
 def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optional[Tensor],
           h_read: Optional[Tensor], w: Optional[Tensor], scale: Optional[Tensor], bias: Optional[Tensor],
-          table: Optional[Tensor], spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+          table: Optional[Tensor], anchor: Optional[Tensor], chain: list[Tensor],
+          spec: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One seam forward. `anchor` and `chain` (stream checkpoints, Seam.recompute) are not read
+    here: they are what backward recomputes x from, kept in its place."""
     seam = decode(spec)
     # the kernels assume contiguous rows (the read weights come with their strides)
     x, y, h_post, h_res, w, scale, bias, table = map(_contiguous, (x, y, h_post, h_res, w, scale, bias, table))
@@ -281,7 +313,7 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
 
 
 @_seam.register_fake
-def _(x, y, h_post, h_res, h_read, w, scale, bias, table, spec):
+def _(x, y, h_post, h_res, h_read, w, scale, bias, table, anchor, chain, spec):
     return _outputs(decode(spec), x)
 
 
@@ -305,11 +337,14 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     constexprs = seam.backward_constexprs()
     block_t, num_warps = backward_tiling(constexprs["KBX"])
+    if seam.rewrites_next:
+        x_next = torch.empty_like(x)
     kernels().seam_backward[seam_grid(N, block_t)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(pre, x), _or(g_xnext, x), _or(g_u, x),
         _or(g_hpost, x), _or(g_hres, x), _or(g_pre, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x),
-        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), N, seam.eps, seam.eps_u, C=C,
+        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), _or(x_next, x), N, seam.eps, seam.eps_u,
+        C=C,
         HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
         HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
         NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=num_warps,
@@ -345,10 +380,14 @@ def _grad_outputs(seam, x, y, h_read):
 
 
 def _setup(ctx, inputs, output):
-    x, y, h_post, h_res, h_read, w, scale, bias, table, spec = inputs
+    x, y, h_post, h_res, h_read, w, scale, bias, table, anchor, chain, spec = inputs
     x_next, _, _, _, pre, xw, rstd = output
+    seam = decode(spec)
     ctx.spec = spec
-    ctx.save_for_backward(x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd)
+    # stream checkpoints: x, or what recomputes it (tensors other seams keep anyway); X_next
+    # only where it is kept
+    ctx.save_for_backward(None if seam.recompute else x, y, h_post, h_res, h_read, w, scale, bias, table,
+                          x_next if seam.keep_next else None, pre, xw, rstd, anchor, *chain)
 
 
 def _present(g):
@@ -356,7 +395,12 @@ def _present(g):
 
 
 def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd):
-    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd = ctx.saved_tensors
+    x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd, anchor, *chain = ctx.saved_tensors
+    seam = decode(ctx.spec)
+    if seam.recompute:
+        x = restream(anchor, chain, seam.recompute, seam.chain_res, seam.eps, seam.n)
+    if x_next is None:
+        x_next = _empty(x)
     ext = (_present(g_xw), _present(g_rstd))
     if (ext[0] is None) != (ext[1] is None):  # one of the two without the other: a zero for it
         ext = tuple(torch.zeros_like(t) if g is None else g for g, t in zip(ext, (xw, rstd)))
@@ -365,7 +409,23 @@ def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd):
     gx, gy, ghp, ghr, ghread, gw, gscale, gbias = grads
     opt = lambda g, t: g if t is not None and g.numel() else None  # noqa: E731
     return (gx, opt(gy, y), opt(ghp, h_post), opt(ghr, h_res), opt(ghread, h_read), opt(gw, w), opt(gscale, scale),
-            opt(gbias, bias), None, None)
+            opt(gbias, bias), None, None, [None] * len(chain), None)
+
+
+def restream(anchor, chain, steps, res_in, eps, n):
+    """A stream that was not kept, again: `steps` post mixes of the anchor, the kept stream
+    before it, with chain = [y, h_post, (h_res,)] per step. Each step is the seam forward that
+    first wrote it (the same kernel arithmetic, rounded the same), so the stream is bitwise
+    the one the forward computed. `n` the stream count (a number, where a traced X.shape[1] may
+    be symbolic)."""
+    width = 3 if res_in else 2
+    X = anchor
+    for i in range(steps):
+        y, h_post, *h_res = chain[width * i:width * (i + 1)]
+        step = Seam(n, source="post", res_in=res_in, write_x=True, eps=eps)
+        X = _seam(X, y, h_post, h_res[0] if h_res else None, None, None, None, None, None, None, [],
+                  step.encode())[0]
+    return X
 
 
 def _contiguous(t):
@@ -461,7 +521,25 @@ class SeamOut(NamedTuple):
     carry: Optional[Tensor]  # delayed pre-weights for the next seam
 
 
-def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False, norm=False):
+class Recipe(NamedTuple):
+    """How backward gets back a stream that was not kept (stream checkpoints): the kept stream
+    before it and the post mixes since, [y, h_post, (h_res,)] per step."""
+    anchor: Tensor
+    chain: tuple = ()
+    steps: int = 0
+    res_in: bool = True
+
+    def then(self, y, post):
+        """The recipe of the stream one post mix later."""
+        mix = (y, post[0]) if post[1] is None else (y, *post)
+        return Recipe(self.anchor, self.chain + mix, self.steps + 1, post[1] is not None)
+
+    def fields(self):
+        return dict(recompute=self.steps, chain_res=self.res_in)
+
+
+def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False, norm=False, recipe=None,
+         keep_next=True):
     """One boundary: X_next (X itself when y is None, else h_res X + h_post^T y with post =
     (h_post, h_res), h_res None for the identity), then, for `target` (an HC layer, the
     learned head, or None), its coefficients and its read of X_next: with `read` None the
@@ -469,42 +547,57 @@ def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=
     the weights carried in (a layer with delayed pre-weights, which then carries its own on).
     `norm`: the read is a sub-layer's input, written through the model's RMSNorm (its epsilon
     F.rms_norm's default: that of the dtype it computes in, fp32 for bf16 streams). X (N, n,
-    C); y (N, C); coefficients fp32."""
+    C); y (N, C); coefficients fp32. Stream checkpoints: `recipe` (a Recipe) recomputes X in
+    backward rather than keeping it; `keep_next` False does not keep X_next either."""
     n = X.shape[1]
+    kept = dict(keep_next=keep_next, **(recipe.fields() if recipe is not None else {}))
     source = dict(source="given") if y is None else dict(source="post", res_in=post[1] is not None)
     norm = dict(norm=norm, eps_u=torch.finfo(torch.promote_types(X.dtype, torch.float32)).eps if norm else 0.0)
     if target is None:
-        spec = Seam(n, **source, read="none" if read is None else "given", write_x=write_x, eps=eps, **norm)
-        return _run(spec, X, y, post, read, None)
+        spec = Seam(n, **source, read="none" if read is None else "given", write_x=write_x, eps=eps, **norm, **kept)
+        return _run(spec, X, y, post, read, None, recipe)
     t = layer_target(target) if hasattr(target, "res_map") else head_target(target)
     write_x = write_x or y is not None  # the weight gradient reads X_next
     if t.fields["coef"] == "projection":
-        return _off_chip(X, y, post, read, target, t, source, eps, write_x, norm)
+        return _off_chip(X, y, post, read, target, t, source, eps, write_x, norm, recipe, keep_next)
     delayed = read is not None
     spec = Seam(n, **source, read="given" if delayed else "projected", write_x=write_x, emit_carry=delayed,
-                eps=eps, **norm, **t.fields)
-    return _run(spec, X, y, post, read, t)
+                eps=eps, **norm, **t.fields, **kept)
+    return _run(spec, X, y, post, read, t, recipe)
 
 
-def _run(spec, X, y, post, read, t):
+def _recipe_args(recipe):
+    return (None, []) if recipe is None else (recipe.anchor, list(recipe.chain))
+
+
+def _run(spec, X, y, post, read, t, recipe):
     x_next, u, h_post, h_res, pre, *_ = _seam(
-        X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4), spec.encode())
+        X, y, *post, read, *((t.w, t.scale, t.bias, t.table) if t is not None else (None,) * 4),
+        *_recipe_args(recipe), spec.encode())
     some = lambda v: v if v.numel() else None  # noqa: E731
     return SeamOut(some(x_next) if spec.write_x else None, some(u), some(h_post), some(h_res),
                    pre if spec.emit_carry else None)
 
 
-def _off_chip(X, y, post, read, layer, t, source, eps, write_x, norm):
+def _off_chip(X, y, post, read, layer, t, source, eps, write_x, norm, recipe, keep_next):
     """A layer whose H_res has no kernel form: the projection in one seam, the coefficients
-    in PyTorch (the layer's own gates), the read in a second seam over X_next."""
-    spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields)
-    x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, spec.encode())
+    in PyTorch (the layer's own gates), the read in a second seam over X_next (which, not
+    kept, it recomputes from X's recipe and one more post mix)."""
+    kept = dict(keep_next=keep_next, **(recipe.fields() if recipe is not None else {}))
+    spec = Seam(X.shape[1], **source, write_x=write_x, eps=eps, **t.fields, **kept)
+    x_next, _, _, _, _, xw, rstd = _seam(X, y, *post, None, t.w, None, None, None, *_recipe_args(recipe),
+                                         spec.encode())
     X_next = x_next if write_x else X
     with torch.autocast(X.device.type, enabled=False):  # coefficients in fp32, as everywhere
         h_pre, h_post, h_res = layer.gates(xw * rstd[:, None])
     h_read, carry = (h_pre, None) if read is None else (read, h_pre)
-    reader = Seam(X.shape[1], source="given", read="given", eps=eps, **norm)
-    _, u, *_ = _seam(X_next, None, None, None, h_read, None, None, None, None, reader.encode())
+    next_recipe = None
+    if write_x and not keep_next:
+        next_recipe = (recipe or Recipe(X)).then(y, post)
+    reader = Seam(X.shape[1], source="given", read="given", eps=eps, **norm,
+                  **(next_recipe.fields() if next_recipe is not None else {}))
+    _, u, *_ = _seam(X_next, None, None, None, h_read, None, None, None, None, *_recipe_args(next_recipe),
+                     reader.encode())
     return SeamOut(x_next if write_x else None, u, h_post, layer.mix_matrix(h_res), carry)
 
 
@@ -515,14 +608,18 @@ def first_read(X):
     return e0.expand(X.shape[0], X.shape[1])
 
 
-def run(conn, x0, branches, eps, norm=False, keep_after=None):
+def run(conn, x0, branches, eps, norm=False, keep_after=None, checkpoint=1):
     """The trunk of StreamConnections with fused seams: (x0 (B, T, C) -> the reduced state,
     kept). `norm`: the branches are the raw sub-layers, and the seams write their inputs
     normed. `keep_after` (a layer index short of the last): kept is (the state after that
-    layer (B, T, n, C), the carry then (B, T, n) or None), which the seams write anyway."""
+    layer (B, T, n, C), the carry then (B, T, n) or None), which the seams write anyway.
+    `checkpoint` K (hc_stream_checkpoint): backward keeps X_0 = expand(x0), every K-th stream
+    after it and the one kept; every other stream it recomputes from the last kept one and
+    the sub-layers' outputs since, which the seams keep anyway (fused.restream)."""
     B, T, C = x0.shape
     layers = conn.layers
     X = conn.expand(x0).reshape(B * T, conn.n, C)
+    recipe = None  # how backward gets X back: None while X is kept
     delayed = layers[0].delayed_pre
     out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps, norm=norm)
     kept = None
@@ -532,23 +629,27 @@ def run(conn, x0, branches, eps, norm=False, keep_after=None):
         if j + 1 < len(layers):
             # delayed: the pre-weights layer j computed, which read X_{j+1}: the torch path's carry after layer j
             carry = out.carry
-            out = seam(X, y, post, read=carry, target=layers[j + 1], eps=eps, norm=norm)
+            keep_next = (j + 1) % checkpoint == 0 or j == keep_after
+            out = seam(X, y, post, read=carry, target=layers[j + 1], eps=eps, norm=norm, recipe=recipe,
+                       keep_next=keep_next)
+            recipe = None if keep_next else (recipe or Recipe(X)).then(y, post)
             X = out.x_next
             if j == keep_after:
                 kept = (X.view(B, T, conn.n, C), None if carry is None else carry.view(B, T, conn.n))
         else:
-            return _exit(conn.reduce, X, y, post, out.carry, eps).view(B, T, C), kept
+            return _exit(conn.reduce, X, y, post, out.carry, eps, recipe, checkpoint == 1).view(B, T, C), kept
 
 
-def _exit(reduce, X, y, post, carry, eps):
+def _exit(reduce, X, y, post, carry, eps, recipe, keep_next):
     """The last post mix folded into the reduce: the sum of the streams, the carried
-    pre-weights (delayed), or the learned head (a projection of its own)."""
+    pre-weights (delayed), or the learned head (a projection of its own, whose weight
+    gradient reads the last streams: kept, or written again by the seam's backward)."""
     if carry is not None:
-        return seam(X, y, post, read=carry, eps=eps).u
+        return seam(X, y, post, read=carry, eps=eps, recipe=recipe).u
     if hasattr(reduce, "weight"):
-        return seam(X, y, post, target=reduce, eps=eps).u
+        return seam(X, y, post, target=reduce, eps=eps, recipe=recipe, keep_next=keep_next).u
     ones = torch.ones((), device=X.device, dtype=torch.float32).expand(X.shape[0], X.shape[1])
-    return seam(X, y, post, read=ones, eps=eps).u
+    return seam(X, y, post, read=ones, eps=eps, recipe=recipe).u
 
 
 def layer_step(layer, X, branch, carry, eps):

@@ -530,15 +530,15 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
 @triton.jit
 def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
                   tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
-                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, N, eps,
-                  eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr,
+                  grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, xn_out_ptr,
+                  N, eps, eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr,
                   RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
                   SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
                   A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
                   NORM: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_C: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, WRITE_XN: tl.constexpr,
+                  BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
@@ -641,6 +641,10 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
         cmask = cc < C
         mask = tmask[:, None] & cmask[None, :]
         xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+        if WRITE_XN:  # X_next was not kept (stream checkpoints): the weight gradient reads it from here
+            for s in tl.static_range(NS):
+                tl.store(xn_out_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
+                         xn[s].to(xn_out_ptr.dtype.element_ty), mask=mask)
         gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
         if READ > 0 and HAS_GU:
             gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -182,6 +182,7 @@ def resolve_kernels(cfg):
         liger.check(cfg.hc_streams)
     if cfg.hc_kernels == "fused" and cfg.hc_streams > 1:
         fused.check()
+    fused.check_stream_checkpoint(cfg)
 
 
 def uses_liger(kernels, X):
