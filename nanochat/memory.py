@@ -31,7 +31,10 @@ emulation runs on every build, so the plan reads the same on a laptop and on the
 Attention is traced as SDPA over full-context windows: on CUDA FlexAttention (windowed layers)
 and flash (full ones) both save q, k, v, the output and the log-sum-exp, which is what CPU SDPA
 saves for a causal mask; an explicit window mask on CPU would instead save a T x T matrix.
-Liger's kernels are traced as their plain-PyTorch references (`hc_kernels = torch`).
+Liger's kernels are traced as their plain-PyTorch references (`hc_kernels = torch`); our fused
+seams as themselves (their custom ops' fake forms), since what they keep for backward is
+theirs: a seam keeps X_l, y_l and a few numbers per token, and with stream checkpoints
+(`hc_stream_checkpoint` K) only every K-th X (connections/backends/fused.py, `run`).
 Under --fp8 the traced model is converted first (nanochat/fp8.py), so that the step keeps what a
 float8 layer keeps for its backward: its input and weight in float8 (1 byte an element) and two
 scales, in place of the bf16 input.
@@ -216,9 +219,30 @@ def cuda_rules(compile):
 # ----------------------------------------------------------------------------- tracing
 
 def traced_config(config):
-    """The config as traced: full-context SDPA and the plain-PyTorch stream ops (see the module
-    docstring), the rest unchanged."""
-    return dataclasses.replace(config, window_pattern="L", attention="sdpa", hc_kernels="torch")
+    """The config as traced: full-context SDPA, the fused seams where the run trains on them and
+    the plain-PyTorch stream ops elsewhere (see the module docstring), the rest unchanged."""
+    fused = traces_fused(config)
+    return dataclasses.replace(config, window_pattern="L", attention="sdpa", hc_kernels="fused" if fused else "torch",
+                               hc_stream_checkpoint=config.hc_stream_checkpoint if fused else 1)
+
+
+def traces_fused(config):
+    """Whether a run trains on the fused seams (hc_kernels fused, a wiring they run, n > 1)."""
+    from nanochat import connections
+    return (config.hc_kernels == "fused" and connections.runs_on(config.hc, "fused")
+            and connections.spec(config.hc).state == "streams" and config.hc_streams != 1)
+
+
+@contextlib.contextmanager
+def kernels_on_cpu():
+    """Both kernel backends accept (fake) CPU tensors: nothing launches while tracing."""
+    from nanochat.connections.backends import fused, liger
+    real = fused.runs_on, liger.runs_on
+    fused.runs_on = liger.runs_on = lambda device_type: True
+    try:
+        yield
+    finally:
+        fused.runs_on, liger.runs_on = real
 
 
 def _fake_model(config, bf16, fp8=False):
@@ -311,14 +335,26 @@ def _indirect_load(node):
 
 
 def _bases(gm):
-    """{node: the node whose buffer it uses}: itself, or for a view (or an element of a
-    multi-output op's tuple, whose size counts all its elements) its base's."""
+    """{node: the node whose buffer it uses}: itself, or for a view (or an element of a view
+    op's tuple: split, unbind) its base's. An element of another multi-output op's tuple is a
+    buffer of its own, freed after its own last use (a fused seam's streams and its per-token
+    numbers are separate allocations: backward may keep some and not others)."""
     base = {}
     for node in gm.graph.nodes:
-        alias = _is_view(node) or node.target is operator.getitem
-        src = node.args[0] if alias and node.args and isinstance(node.args[0], torch.fx.Node) else None
-        base[node] = base[src] if src is not None else node
+        src = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        alias = _is_view(node) or (node.target is operator.getitem and src is not None and _is_view(src))
+        base[node] = base[src] if alias and src is not None else node
     return base
+
+
+def _unread_bytes(node):
+    """Bytes of a multi-output op's outputs that no element access reads (allocated, then
+    freed with the op); a single output's whole size."""
+    taken = {user.args[1] for user in node.users if user.target is operator.getitem}
+    val = node.meta.get("val")
+    if not isinstance(val, (list, tuple)):
+        return _node_bytes(node)
+    return sum(_nbytes(v) for i, v in enumerate(val) if isinstance(v, torch.Tensor) and i not in taken)
 
 
 def written_nodes(gm, inductor=True, fusible=None):
@@ -362,7 +398,7 @@ def graph_peak(gm, held, inductor=True):
         size[node] = held[i]
     for node in materialized:
         if node.op == "call_function":
-            size[node] = _node_bytes(node)
+            size[node] = _unread_bytes(node)
     last = {}
     for i, node in enumerate(nodes):
         for arg in node.all_input_nodes:
@@ -451,7 +487,7 @@ def step_peak(config, device_batch, compile=True, cuda=True, inductor=True, fp8=
     from torch._subclasses.fake_tensor import FakeTensorMode
     rules = cuda_rules(compile) if cuda else contextlib.nullcontext()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-    with FakeTensorMode(), rules:
+    with FakeTensorMode(), rules, kernels_on_cpu():
         model = _fake_model(config, bf16=cuda, fp8=fp8)
         shape = (device_batch, config.sequence_len)
         idx = torch.randint(0, config.vocab_size, shape)
@@ -497,7 +533,7 @@ def code_fingerprint():
     root = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
     for path in [os.path.join(root, "gpt.py"), os.path.join(root, "fp8.py"), os.path.abspath(__file__),
-                 *sorted(glob.glob(os.path.join(root, "connections", "*.py")))]:
+                 *sorted(glob.glob(os.path.join(root, "connections", "**", "*.py"), recursive=True))]:
         with open(path, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()[:16]

@@ -67,18 +67,6 @@ class TrunkUnderTest(nn.Module):
         return self.connections(x0, [branch] * len(self.connections.layers))
 
 
-@contextlib.contextmanager
-def kernels_on_cpu():
-    """Both kernel backends accept (fake) CPU tensors: nothing launches while tracing."""
-    from nanochat.connections.backends import fused, liger
-    real = fused.runs_on, liger.runs_on
-    fused.runs_on = liger.runs_on = lambda device_type: True
-    try:
-        yield
-    finally:
-        fused.runs_on, liger.runs_on = real
-
-
 def trace(fields, kernels, tokens=D12["tokens"]):
     """(forward graph, backward graph) of the D=12 trunk of config `fields` (GPTConfig
     fields) on backend `kernels`, as torch.compile partitions it."""
@@ -88,7 +76,7 @@ def trace(fields, kernels, tokens=D12["tokens"]):
     C = D12["C"]
     config = GPTConfig(sequence_len=2048, vocab_size=64, n_layer=D12["n_layer"], n_head=C // 128, n_kv_head=C // 128,
                        n_embd=C, hc_kernels=kernels, **fields)
-    with FakeTensorMode(), memory.cuda_rules(compile=True), kernels_on_cpu():
+    with FakeTensorMode(), memory.cuda_rules(compile=True), memory.kernels_on_cpu():
         trunk = TrunkUnderTest(config)
         step, graphs = memory.aot_step(trunk)
         x0 = torch.randn(1, tokens, C).to(torch.bfloat16).requires_grad_()

@@ -3,6 +3,7 @@ compiled trace held to torch.compile's partition, CUDA's dtype rules from the di
 optimizer state against a real optimizer's, and --device-batch-size auto on a patched GPU."""
 
 import contextlib
+import dataclasses
 import types
 
 import pytest
@@ -105,6 +106,40 @@ def test_fusion_counts_only_what_a_kernel_must_write():
     unfused, fused = memory.graph_peak(gm, held, inductor=False), memory.graph_peak(gm, held, inductor=True)
     assert fused == 2 * size + 64 * 4  # (x+1)*3 for the matmul, its output, the sum's output
     assert unfused == 3 * size  # op by op: a, exp(a) and their product at once
+
+
+def test_each_output_of_a_multi_output_op_is_freed_after_its_own_last_use():
+    """sort's values feed a matmul and are freed after it, while its indices live to the output:
+    two buffers (a fused seam's streams and its per-token numbers are, and backward keeps some
+    of them only)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, w2):
+        values, indices = torch.ops.aten.sort.default(x)
+        return (values @ w) @ w2, indices
+    gm = make_fx(f)(torch.randn(64, 64), torch.randn(64, 64), torch.randn(64, 256))
+    values, indices, y, z = 64 * 64 * 4, 64 * 64 * 8, 64 * 64 * 4, 64 * 256 * 4
+    assert memory.graph_peak(gm, [0, 0, 0], inductor=True) == indices + y + z  # the values freed before z
+
+
+def test_stream_checkpoints_drop_the_streams_they_recompute():
+    """hc_kernels=fused is traced as the seams (their fake forms): with hc_stream_checkpoint=2,
+    backward keeps 2 of the 4 streams a 2-block trunk writes, exactly 2 streams' bytes fewer."""
+    pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from nanochat.gpt import model_config_from_depth
+    base = model_config_from_depth(2, 512, 64, aspect_ratio=32, head_dim=32, hc="kromhc", hc_kernels="fused")
+    saved = {}
+    for K in (1, 2):
+        config = dataclasses.replace(base, hc_stream_checkpoint=K)
+        assert memory.traced_config(config).hc_kernels == "fused"
+        with FakeTensorMode(), memory.cuda_rules(compile=True), memory.kernels_on_cpu():
+            model = memory._fake_model(config, bf16=True)
+            idx = torch.randint(0, 512, (2, 64))
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+            saved[K] = memory._compiled_step_peak(model, idx, idx, autocast, inductor=True)[1]
+    stream = 2 * 64 * base.hc_streams * base.n_embd * 2  # tokens x n x C, bf16
+    assert saved[1] - saved[2] == 2 * stream
 
 
 def test_a_gather_reads_its_pointwise_input_inside_its_kernel():
