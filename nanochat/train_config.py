@@ -114,9 +114,10 @@ FLAGS = [
      "by trunk (2026-01: 0.8, the paper's; 2026-07: 0.96, nanochat's): residual baseline, AdamW beta1 of the x0 "
      "scalars"),
     ("hc_stats_every", positive_int(NEVER), 250, "log connection diagnostics every N steps (-1 = never)"),
-    ("hc_kernels", choice("torch", "liger", "fused", "auto"), "torch",
+    ("hc_kernels", choice("torch", "liger", "fused", "auto"), "auto",
      "stream-op backend: torch | liger (Liger-Kernel's fused Triton kernels; pip install -e '.[kernels]') | "
-     "fused (our Triton kernels, fused across sub-layers: docs/kernels.md) | auto (liger on CUDA when installed)"),
+     "fused (our Triton kernels, fused across sub-layers: docs/kernels.md) | auto (the fastest a GPU of this "
+     "name measured for the variant, docs/gpu_measured.md; torch where nothing is measured)"),
     ("hc_stream_checkpoint", positive_int(), 1,
      "fused seams: keep the streams for backward at every K-th seam only and recompute the others from the "
      "sub-layers' outputs (less activation memory for a few more stream passes backward: docs/kernels.md, "

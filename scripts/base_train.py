@@ -39,7 +39,7 @@ from nanochat import preempt, preflight, trunks, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liveness  # noqa: E402
-from nanochat.connections.backends import fused, liger  # noqa: E402
+from nanochat.connections.backends import auto, fused, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
@@ -314,6 +314,9 @@ def main(argv=None):
     if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
         raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
                          f"{device.type}); use --attention auto or sdpa")
+    config, note = auto.resolve(config, device, device_name(device))
+    if note:
+        print0(note)
     backend = {"liger": liger, "fused": fused}.get(config.hc_kernels)
     if backend is not None and not backend.runs_on(device.type):
         raise SystemExit(f"error: --hc-kernels {config.hc_kernels} runs Triton kernels on CUDA only, not on "

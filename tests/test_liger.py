@@ -144,7 +144,9 @@ def test_compiles_as_one_graph_and_matches_eager():
 
 
 def test_auto_and_torch_never_reach_liger_on_cpu(monkeypatch):
-    """auto picks Liger only for CUDA streams; a liger layer on CPU without the interpreter
+    """auto in a model runs the torch ops (a training run decides it before it builds the model:
+    backends/auto.py, which picks Liger's only where a GPU measured them faster); a liger layer
+    on CPU without the interpreter
     stops with one clear error rather than a Triton driver traceback."""
     calls = []
     monkeypatch.setattr(liger, "mix_pre", lambda *a: calls.append(a))

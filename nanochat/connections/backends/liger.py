@@ -55,13 +55,6 @@ def check(n):
                          f"tiles them with tl.arange); got hc_streams={n}. Use hc_kernels='torch' or 'auto'")
 
 
-def serves(X):
-    """True when the kernels can run on these streams: a CUDA device (or Triton's
-    interpreter) and a power-of-two n. The `auto` choice of ops.py."""
-    n = X.shape[-2]
-    return AVAILABLE and X.is_cuda and not n & (n - 1)
-
-
 runs_on = triton_device.runs_on
 
 

@@ -186,21 +186,19 @@ def resolve_kernels(cfg):
 
 
 def uses_liger(kernels, X):
-    """torch: the ops below; liger: Liger's kernels; auto: Liger's where they can serve
-    (CUDA streams, Liger installed, n a power of two), else torch. Either way Liger's only
-    where autograd records, i.e. in training: Triton compiles the kernels again for every
+    """torch and auto: the ops below (a training run decides auto before it builds the model:
+    backends/auto.py); liger: Liger's kernels, only where autograd records, i.e. in training: Triton compiles the kernels again for every
     token count N (a constexpr of theirs), which training keeps fixed and evaluation changes
     at nearly every call (CORE's examples, each prompt and decode step, loss and lm_eval
     batches, the diagnostics), at three compiles per new N. A forward without autograd,
     where the kernels would save nothing for a backward, runs the torch ops instead."""
     if not torch.is_grad_enabled():
         return False
-    return kernels == "liger" or (kernels == "auto" and liger.serves(X))
+    return kernels == "liger"
 
 
 def uses_fused(kernels, X):
-    """fused: our kernels (fused.py), training only, as Liger's (see uses_liger); `auto` does
-    not pick them until a GPU has measured them faster (docs/kernels.md). A device the kernels
+    """fused: our kernels (fused.py), training only, as Liger's (see uses_liger). A device the kernels
     cannot run on stops with one clear error."""
     if kernels != "fused" or not torch.is_grad_enabled():
         return False
