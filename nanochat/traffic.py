@@ -356,3 +356,21 @@ def predicted_ratio(extra_bytes, step_ms, device_bandwidth):
     token and sub-layer at D=12, moved at BANDWIDTH_USE of the GPU's bandwidth."""
     seconds = extra_bytes * D12["tokens"] * 2 * D12["n_layer"] / (BANDWIDTH_USE * device_bandwidth)
     return 1 + 1e3 * seconds / step_ms
+
+
+def depth_ratio(ratio_12, depth, vocab_size=32768, sequence_len=2048):
+    """The step ratio over residual's at `depth` (a prediction) from the one at D=12: what the
+    connection adds is stream traffic, bytes per token over 2 x depth sub-layers of C channels
+    (the same streams, wider), and residual's step is its FLOPs per token (a constant MFU,
+    which its matmuls, growing as C^2, make truer with depth). So the extra scales with
+    depth x C over residual's FLOPs."""
+    from nanochat.gpt import GPT, model_config_from_depth
+
+    def size(d):
+        config = model_config_from_depth(d, vocab_size, sequence_len)
+        with torch.device("meta"):
+            flops = GPT(config).estimate_flops()
+        return 2 * d * config.n_embd, flops
+
+    (bytes_12, flops_12), (bytes_d, flops_d) = size(D12["n_layer"]), size(depth)
+    return 1 + (ratio_12 - 1) * (bytes_d / bytes_12) / (flops_d / flops_12)

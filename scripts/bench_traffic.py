@@ -46,6 +46,11 @@ def cases(args):
     return out
 
 
+# The wider trunks the predictions extend to: the paper's larger runs and nanochat's speedrun
+# depths (traffic.depth_ratio).
+DEPTHS = (20, 26)
+
+
 def run_traffic(args):
     interpreter_on()
     from nanochat import traffic
@@ -63,6 +68,7 @@ def run_traffic(args):
     for row in rows:
         row["extra_c"] = (row["fw_bytes"] + row["bw_bytes"] - residual) / unit
         row["predicted_vs_residual"] = traffic.predicted_ratio(row["extra_c"] * unit, step_ms, bandwidth)
+        row["predicted_at_depth"] = {d: traffic.depth_ratio(row["predicted_vs_residual"], d) for d in DEPTHS}
         row["target"] = None if row["variant"] == "residual" else TARGETS.get(row["variant"], OTHER_TARGET)
     return dict(rows=rows, residual_step_ms=step_ms, device=device, bandwidth=bandwidth, unit_bytes=unit,
                 pre=args.hc_pre[0])
@@ -71,11 +77,12 @@ def run_traffic(args):
 def print_traffic(result):
     unit = result["unit_bytes"]
     header = ["variant", "kernels", "fwd C", "bwd C", "total C", "extra C", "predicted x residual", "target",
-              "loads issued C"]
+              "loads issued C", *(f"predicted at D={d}" for d in DEPTHS)]
     lines = [[r["variant"], r["kernels"], f"{r['fw_bytes'] / unit:.1f}", f"{r['bw_bytes'] / unit:.1f}",
               f"{r['total_c']:.1f}", f"{r['extra_c']:+.1f}", f"{r['predicted_vs_residual']:.3f}",
               "-" if r["target"] is None else f"<= {r['target']:.2f}",
-              f"{r['issued_bytes'] / unit:.1f}" if r["issued_bytes"] else "-"] for r in result["rows"]]
+              f"{r['issued_bytes'] / unit:.1f}" if r["issued_bytes"] else "-",
+              *(f"{r['predicted_at_depth'][d]:.3f}" for d in DEPTHS)] for r in result["rows"]]
     print(f"\nbytes per token and sub-layer at D=12 (n=4, C=768, bf16 streams, {result['pre']} pre-weights), in units "
           f"of C = {unit} B; prediction: the residual step of docs/gpu_check.json ({result['residual_step_ms']:.1f} ms, "
           f"{result['device']}) plus the extra bytes at 80 % of {result['bandwidth'] / 1e12:.2f} TB/s")

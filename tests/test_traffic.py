@@ -93,3 +93,27 @@ def test_the_residual_step_comes_from_either_section_of_a_gpu_check(tmp_path):
     # the committed measurement has one
     ms, device = traffic.residual_step()
     assert ms > 0 and device.startswith("NVIDIA")
+
+
+def test_depth_ratio_scales_the_extra_traffic_over_residuals_flops():
+    """The D=12 ratio at D=12; none stays none; with depth the extra shrinks about as 1 / C,
+    since the streams' bytes grow as depth x C and residual's FLOPs as depth x C^2."""
+    from nanochat.gpt import model_config_from_depth
+    assert traffic.depth_ratio(1.58, 12) == pytest.approx(1.58)
+    assert traffic.depth_ratio(1.0, 26) == 1.0
+    ratios = [traffic.depth_ratio(1.58, d) for d in (12, 20, 26, 48)]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] > 1
+    width = {d: model_config_from_depth(d, 32768, 2048).n_embd for d in (24, 48)}
+    shrink = (traffic.depth_ratio(1.58, 48) - 1) / (traffic.depth_ratio(1.58, 24) - 1)
+    assert shrink == pytest.approx(width[24] / width[48], rel=0.15)
+
+
+def test_the_traffic_table_predicts_the_wider_trunks(capsys):
+    from scripts import bench_traffic
+    row = dict(variant="kromhc", kernels="fused", fw_bytes=10.4 * 1536, bw_bytes=20.0 * 1536, issued_bytes=0,
+               total_c=30.4, extra_c=12.7, predicted_vs_residual=1.07, target=1.15,
+               predicted_at_depth={d: traffic.depth_ratio(1.07, d) for d in bench_traffic.DEPTHS})
+    bench_traffic.print_traffic(dict(rows=[row], unit_bytes=1536, pre="current", residual_step_ms=115.0,
+                                     device="NVIDIA H200", bandwidth=4.8e12))
+    out = capsys.readouterr().out
+    assert "predicted at D=20" in out and f"{traffic.depth_ratio(1.07, 26):.3f}" in out
