@@ -75,6 +75,9 @@ class GPTConfig:
     # fused seams: backward keeps the streams at every K-th seam and recomputes the others
     # (connections/backends/fused.py, run); 1 keeps every one
     hc_stream_checkpoint: int = 1
+    # fused seams: onepass (one kernel a seam) or split (two, split where the reduction is:
+    # docs/kernels.md); the same function either way
+    hc_seam: str = "onepass"
     # Options of every HC variant (connections/trunk.py, hc.py); the first choice of each is
     # the paper's, and what checkpoints written before the options existed ran.
     hc_expand: str = "copy"  # copy | lss (Learned Stream Scaling)

@@ -122,6 +122,10 @@ FLAGS = [
      "fused seams: keep the streams for backward at every K-th seam only and recompute the others from the "
      "sub-layers' outputs (less activation memory for a few more stream passes backward: docs/kernels.md, "
      "\"Memory\"); 1 keeps every one"),
+    ("hc_seam", choice("onepass", "split"), "onepass",
+     "fused seams: onepass (one kernel a seam: the mix, the projection, the coefficients and the read) | split (a "
+     "kernel for the mix and the projection, one for the coefficients and the read, each with a tiling of its own: "
+     "docs/kernels.md); the same function either way"),
     # options of every HC variant beyond the paper (nanochat/connections/trunk.py, hc.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "
@@ -200,7 +204,7 @@ FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS} | trunks.FLAG_D
 RESUMABLE_CHANGES = {"run", "resume", "eval_every", "eval_tokens", "core_metric_every",
                      "core_metric_max_per_task", "eval_bundle", "core_tasks", "sample_every", "save_every",
                      "keep_checkpoints", "hc_stats_every", "compile", "compile_mode", "device_type", "data_dir", "hc_kernels",
-                     "hc_stream_checkpoint",
+                     "hc_stream_checkpoint", "hc_seam",
                      "save_on_signal", "dist_timeout", "device_batch_size"}
 
 

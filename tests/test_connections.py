@@ -40,7 +40,7 @@ def case_id(case):
 def hc_config(variant, n, C=8, n_layer=2, factors=None, **kw):
     own = {name: default for name, (default, *_) in connections.variant_fields().items()}
     cfg = SimpleNamespace(**{**own, "hc_factors": list(factors or [])}, hc=variant, hc_streams=n,
-                          hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch", hc_stream_checkpoint=1,
+                          hc_sk_iters=20, hc_norm_weight=True, hc_recompute=False, hc_kernels="torch", hc_stream_checkpoint=1, hc_seam="onepass",
                           hc_expand="copy", hc_lss_init=0.6, hc_reduce="sum", hc_pre="current",
                           n_layer=n_layer, n_embd=C, trunk="2026-01")
     for key, value in kw.items():

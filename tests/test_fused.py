@@ -13,6 +13,7 @@ autograd registrations, one graph under dynamo; where the kernels run and where 
 configuration errors."""
 
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -74,8 +75,8 @@ def torch_seam(X, y, post, read, target, normed=False):
     return fused.SeamOut(X_next, norm(u) if normed else u, h_post, h_res, carry)
 
 
-def fused_seam(X, y, post, read, target, normed=False):
-    return fused.seam(X, y, post, read=read, target=target, eps=EPS, write_x=True, norm=normed)
+def fused_seam(X, y, post, read, target, normed=False, design="onepass"):
+    return fused.seam(X, y, post, read=read, target=target, eps=EPS, write_x=True, norm=normed, design=design)
 
 
 def run(fn, leaves, params, *args, seed=5):
@@ -104,9 +105,11 @@ def assert_same(out_t, grads_t, out_f, grads_f, tol=TOL, names=()):
             assert rel_err(b, a) < tol, (label, rel_err(b, a))
 
 
-def compare(read_fn, target, n, dtype=torch.float32, tol=TOL, source="post", seed=1, normed=False, scale=1.0):
+def compare(read_fn, target, n, dtype=torch.float32, tol=TOL, source="post", seed=1, normed=False, scale=1.0,
+            design="onepass"):
     """One seam both ways: X_next from the post mix (source "post") or given, `read_fn(X)`
-    the read weights passed in (None: the target's own), the read normed or not."""
+    the read weights passed in (None: the target's own), the read normed or not; the fused
+    seam of `design` (fused.DESIGNS)."""
     X, y, h_post, h_res = inputs(n, seed, dtype, scale=scale)
     if getattr(getattr(target, "res_map", None), "identity", False):
         h_res = None  # hc_identity: the layer before mixes nothing either
@@ -117,7 +120,8 @@ def compare(read_fn, target, n, dtype=torch.float32, tol=TOL, source="post", see
     params = dict(target.named_parameters()) if target is not None else {}
     args = (X, None, (None, None)) if source == "given" else (X, y, (h_post, h_res))
     out_t, grads_t = run(torch_seam, leaves.values(), params.values(), *args, read, target, normed)
-    out_f, grads_f = run(fused_seam, leaves.values(), params.values(), *args, read, target, normed)
+    out_f, grads_f = run(functools.partial(fused_seam, design=design), leaves.values(), params.values(), *args, read,
+                         target, normed)
     assert_same(out_t, grads_t, out_f, grads_f, tol, [*leaves, *params])
 
 
@@ -127,28 +131,32 @@ def random_read(n):
 
 # ----- per seam -----
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("variant, n", SEAM_CASES, ids=[f"{v}-n{n}" for v, n in SEAM_CASES])
-def test_seam_matches_torch(variant, n):
+def test_seam_matches_torch(variant, n, design):
     """Between two layers, current pre-weights: X_next = h_res X + h_post^T y, the next
     layer's projection, coefficients (H_res on chip, or in PyTorch for go_mhc) and read."""
-    compare(None, layer_of(variant, n), n)
+    compare(None, layer_of(variant, n), n, design=design)
 
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_delayed_seam_matches_torch(variant):
+def test_delayed_seam_matches_torch(variant, design):
     """Delayed pre-weights: X_next is read with the weights carried in, in the same pass, and
     the layer's own pre-weights are carried on."""
-    compare(random_read(3), layer_of(variant, 3, pre="delayed"), 3)
+    compare(random_read(3), layer_of(variant, 3, pre="delayed"), 3, design=design)
 
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_entry_seam_matches_torch(variant):
+def test_entry_seam_matches_torch(variant, design):
     """The first seam: the streams given (expand's output), no post mix."""
-    compare(None, layer_of(variant, 4), 4, source="given")
+    compare(None, layer_of(variant, 4), 4, source="given", design=design)
 
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("kind", ["sum", "carried", "learned"])
-def test_exit_seams_match_torch(kind):
+def test_exit_seams_match_torch(kind, design):
     """The last post mix folded into the reduce: the sum (read weights all one), the carried
     pre-weights, or the learned head's projection."""
     n = 4
@@ -159,7 +167,7 @@ def test_exit_seams_match_torch(kind):
             head.weight.normal_(0, 0.2, generator=torch.Generator().manual_seed(3))
             head.bias.normal_(0, 1.0, generator=torch.Generator().manual_seed(4))
             head.alpha.fill_(0.7)
-        compare(None, head, n)
+        compare(None, head, n, design=design)
     elif kind == "carried":
         compare(random_read(n), None, n)
     else:
@@ -172,32 +180,35 @@ NORMED_CASES = [("kromhc", None, torch.float32), ("mhc", 3, torch.float32), ("go
 
 @pytest.mark.parametrize("variant, delayed, dtype", NORMED_CASES,
                          ids=[f"{v}-{'delayed' if d else 'current'}-{str(t)[6:]}" for v, d, t in NORMED_CASES])
-def test_seam_writes_the_sub_layers_input_normed(variant, delayed, dtype):
+@pytest.mark.parametrize("design", fused.DESIGNS)
+def test_seam_writes_the_sub_layers_input_normed(variant, delayed, dtype, design):
     """In the model's trunk the seam writes the sub-layer's input through the sub-layer's own
     RMSNorm (nanochat.gpt.norm: epsilon that of fp32 for bf16 streams too, F.rms_norm's), the
     backward of the norm folded in; streams of a small scale, where the epsilon tells."""
     n = 4
     read_fn = random_read(n) if delayed else None
     compare(read_fn, layer_of(variant, n, pre="delayed" if delayed else "current"), n, dtype=dtype,
-            tol=TOL if dtype == torch.float32 else BF16_TOL, normed=True, scale=0.02)
+            tol=TOL if dtype == torch.float32 else BF16_TOL, normed=True, scale=0.02, design=design)
 
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("variant", ["kromhc", "mhc", "go_mhc"])
-def test_bf16_streams_agree_to_their_rounding(variant):
+def test_bf16_streams_agree_to_their_rounding(variant, design):
     """bf16 streams in and out, each value rounded once; gradients of the streams in bf16,
     of the coefficients and parameters in fp32."""
-    compare(None, layer_of(variant, 4), 4, dtype=torch.bfloat16, tol=BF16_TOL)
+    compare(None, layer_of(variant, 4), 4, dtype=torch.bfloat16, tol=BF16_TOL, design=design)
 
 
-def test_block_multiple_token_counts():
-    """A token count that fills every block exactly, and one with a single token."""
+@pytest.mark.parametrize("design", fused.DESIGNS)
+def test_block_multiple_token_counts(design):
+    """A token count that fills every block of every kernel exactly, and one with a single token."""
     layer = layer_of("kromhc", 4)
-    for N in (2 * fused.BLOCK_T, 1):
+    for N in (2 * max(fused.BLOCK_T, *(t[0] for t in fused.SPLIT_TILING.values())), 1):
         X, y, h_post, h_res = inputs(4, N=N)
         out_t, grads_t = run(torch_seam, [X, y, h_post, h_res], list(layer.parameters()), X, y, (h_post, h_res),
                              None, layer)
-        out_f, grads_f = run(fused_seam, [X, y, h_post, h_res], list(layer.parameters()), X, y, (h_post, h_res),
-                             None, layer)
+        out_f, grads_f = run(functools.partial(fused_seam, design=design), [X, y, h_post, h_res],
+                             list(layer.parameters()), X, y, (h_post, h_res), None, layer)
         assert_same(out_t, grads_t, out_f, grads_f)
 
 
@@ -261,8 +272,9 @@ def batch():
     return torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.parametrize("design", fused.DESIGNS)
 @pytest.mark.parametrize("case", MODEL_CASES, ids=model_case_id)
-def test_model_matches_torch(case):
+def test_model_matches_torch(case, design):
     """The loss and every parameter's gradient of a GPT on fused seams equal the torch path's
     with the same weights: all gradients together within 1e-5 of the fp32 torch path's. Per
     entry, fp32 sums over tokens in another order differ by their rounding, which a few small
@@ -271,7 +283,7 @@ def test_model_matches_torch(case):
     gradient is wrong by its own size: each entry is held to the fp64 torch path's within
     1e-4 of itself plus fp32's resolution of the model's largest gradient (1e-7 of it)."""
     idx = batch()
-    loss_f, grads_f = loss_and_grads(tiny_gpt("fused", **case), idx)
+    loss_f, grads_f = loss_and_grads(tiny_gpt("fused", hc_seam=design, **case), idx)
     loss_t, grads_t = loss_and_grads(tiny_gpt("torch", **case), idx)
     _, grads_64 = loss_and_grads(tiny_gpt("torch", torch.float64, **case), idx)
     assert abs(loss_f - loss_t) <= 1e-6 * abs(loss_t)
@@ -298,7 +310,8 @@ def test_model_trains_in_bf16_like_torch():
         assert rel_err(grads_f[name], g) < 5e-2, name
 
 
-@pytest.mark.parametrize("case", [dict(hc="mhc"), dict(hc="kromhc", hc_pre="delayed", hc_reduce="sum")],
+@pytest.mark.parametrize("case", [dict(hc="mhc"), dict(hc="kromhc", hc_pre="delayed", hc_reduce="sum"),
+                                  dict(hc="kromhc", hc_seam="split"), dict(hc="go_mhc", hc_seam="split")],
                          ids=model_case_id)
 def test_two_backward_passes_are_bitwise_equal(case):
     model, idx = tiny_gpt("fused", **case), batch()
@@ -344,12 +357,12 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(fused._seam, (X, *args[1:], X0, [y0, h_post0, h_res0], recomputed.encode()))
 
 
-@pytest.mark.parametrize("K", [1, 2])
-def test_model_traces_as_one_graph_and_compiles_like_eager(K):
+@pytest.mark.parametrize("K, design", [(1, "onepass"), (2, "onepass"), (1, "split")])
+def test_model_traces_as_one_graph_and_compiles_like_eager(K, design):
     """The forward compiles as one graph (fullgraph: a graph break would raise), and the
     AOT-traced forward and backward (fake implementations, the registered backward) equal
-    eager; with stream checkpoints (K = 2) too."""
-    model, idx = tiny_gpt("fused", hc="mhc", hc_stream_checkpoint=K), batch()
+    eager; with stream checkpoints (K = 2) and the split design too."""
+    model, idx = tiny_gpt("fused", hc="mhc", hc_stream_checkpoint=K, hc_seam=design), batch()
     torch._dynamo.reset()
     loss_e, grads_e = loss_and_grads(model, idx)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
@@ -463,7 +476,8 @@ def test_the_widest_maps_take_fewer_tokens_per_backward_program():
 # H_res = I, the learned head, delayed pre-weights and the 2026-07 trunk's backout
 CHECKPOINT_CASES = [dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc", hc_go_s=3),
                     dict(hc="hc_identity", hc_streams=3), dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"),
-                    dict(hc="kromhc", trunk="2026-07")]
+                    dict(hc="kromhc", trunk="2026-07"), dict(hc="kromhc", hc_seam="split"),
+                    dict(hc="mhc", hc_pre="delayed", hc_seam="split")]
 
 
 @pytest.mark.parametrize("K", [2, 3])
@@ -512,6 +526,7 @@ def test_stream_checkpoints_keep_every_kth_stream(case):
     (dict(hc="kromhc", hc_stream_checkpoint=2), "needs hc_kernels='fused' (or 'auto'), not 'torch'"),
     (dict(hc="kromhc", hc_kernels="fused", hc_stream_checkpoint=0), "must be a positive integer"),
     (dict(hc="residual", hc_kernels="auto", hc_stream_checkpoint=2), "which hc='residual' does not run"),
+    (dict(hc="kromhc", hc_kernels="fused", hc_seam="twopass"), "unknown hc_seam='twopass'; choose one of onepass, split"),
 ])
 def test_stream_checkpoint_errors(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -193,11 +193,12 @@ class StreamConnections(nn.Module):
     sub-layers, if it declares any (its module's `init_sublayers`)."""
 
     def __init__(self, n, layers, expand, reduce, groups=None, sublayer_prenorm=True, sublayer_init=None,
-                 kernels="torch", stream_checkpoint=1):
+                 kernels="torch", stream_checkpoint=1, seam_design="onepass"):
         super().__init__()
         self.n = n
         self.kernels = kernels  # hc_kernels: "fused" runs the trunk as fused seams (fused.py)
         self.stream_checkpoint = stream_checkpoint  # hc_stream_checkpoint: the fused seams keep every K-th stream
+        self.seam_design = seam_design  # hc_seam: how the fused seams run (fused.DESIGNS)
         self.layers = nn.ModuleList(layers)
         self.expand = expand
         self.reduce = reduce
@@ -217,7 +218,7 @@ class StreamConnections(nn.Module):
             # the seams between layers belong to the trunk: one kernel each (fused.py), which
             # also norms the sub-layers' inputs (the branches it is handed are raw)
             out, kept = fused.run(self, x0, branches, ops.RMS_EPS, norm=self.sublayer_prenorm, keep_after=mid,
-                                  checkpoint=self.stream_checkpoint)
+                                  checkpoint=self.stream_checkpoint, design=self.seam_design)
             return out if mid is None else out - backout.to(out.dtype) * self.reduce(*kept)
         X = self.expand(x0)
         carry = kept = None
@@ -376,7 +377,7 @@ def build(cfg):
     return StreamConnections(cfg.hc_streams, layers, expand, reduce,
                              getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
                              None if init is None else lambda sublayers: init(cfg, sublayers), kernels,
-                             cfg.hc_stream_checkpoint)
+                             cfg.hc_stream_checkpoint, cfg.hc_seam)
 
 
 def check_layers(name, layers):

@@ -97,6 +97,12 @@ def check(n=None):
                          "(or use hc_kernels='torch')")
 
 
+def check_design(cfg):
+    """hc_seam (config time): one of DESIGNS."""
+    if cfg.hc_seam not in DESIGNS:
+        raise ValueError(f"unknown hc_seam={cfg.hc_seam!r}; choose one of {', '.join(DESIGNS)}")
+
+
 def check_stream_checkpoint(cfg):
     """hc_stream_checkpoint (config time): a positive K, for the fused seams only, which keep or
     recompute the streams (the other backends keep every layer's, as autograd does)."""
@@ -145,7 +151,8 @@ class Seam:
                kept stream and the r post mixes since (chain_res: whether they mix with an
                H_res), from which backward recomputes X
     keep_next  keep X_next for backward (the weight gradient reads it); False: the backward
-               kernel writes it again from X and y as it recomputes it"""
+               kernel writes it again from X and y as it recomputes it
+    design     "onepass" or "split" (DESIGNS; only a seam whose coefficients are on chip splits)"""
     n: int
     source: str = "given"
     res_in: bool = True
@@ -168,6 +175,7 @@ class Seam:
     recompute: int = 0
     chain_res: bool = True
     keep_next: bool = True
+    design: str = "onepass"
 
     def encode(self):
         return ";".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
@@ -196,6 +204,16 @@ class Seam:
         c = self.constexprs()
         return dict(c, SK_HIST=next_power_of_two(max(1, self.sk_iters)), BLOCK_C=block_c(self.n, backward=True),
                     BLOCK_T=backward_tiling(c["KBX"])[0], WRITE_XN=self.rewrites_next)
+
+    @property
+    def splits(self):
+        """Whether this seam runs as the split design's two kernels forward and two backward."""
+        return self.design == "split" and self.on_chip
+
+    @property
+    def proj_width(self):
+        """The split design's projection hand-over per token: both register blocks and the sum of squares."""
+        return self.ka + (self.kb or 16) + 1
 
     @property
     def needs_next(self):
@@ -258,6 +276,38 @@ def set_tiling(block_t, num_warps, chunk_forward, chunk_backward):
     BLOCK_T, NUM_WARPS, CHUNK_FORWARD, CHUNK_BACKWARD = block_t, num_warps, chunk_forward, chunk_backward
 
 
+DESIGNS = ("onepass", "split")
+
+
+class Tiling(NamedTuple):
+    block_t: int  # tokens per program
+    warps: int
+    block_c: int  # channels per chunk
+
+
+# The split design's kernels, each with a tiling of its own (tokens, warps, channels per chunk
+# times the padded stream count): the forward's mix and projection with >= 64 tokens a program
+# for the tensor-core products; its coefficients and read, and the backward's reductions, small
+# programs (16 tokens, the least a tensor-core product takes: the permutation mixtures' and
+# Cayley's tables are products); the backward's streaming pass as the one-pass backward's.
+SPLIT_TILING = {"forward mix": (64, 4, 64), "forward read": (16, 2, 128), "backward reduce": (16, 4, 64),
+                "backward stream": (32, 4, 64)}
+
+
+def split_phases(seam, backward):
+    """The Tilings of the split design's two kernels (forward or backward). The widest H_res
+    maps (more than 16 res logits) take more warps where their gates are computed, as the
+    one-pass backward does (backward_tiling)."""
+    names = ("backward reduce", "backward stream") if backward else ("forward mix", "forward read")
+    wide = max(1, (seam.kb or 16) // 16)
+    out = []
+    for name in names:
+        block_t, warps, chunk = SPLIT_TILING[name]
+        gates = name in ("forward read", "backward reduce")
+        out.append(Tiling(block_t, warps * (wide if gates else 1), max(16, chunk // kernel_np(seam.n))))
+    return out
+
+
 def needs_int64(*tensors):
     """Whether an element offset into these tensors can pass int32's range (the kernels then
     index in int64; the fp32 per-token tensors are at most as large as the streams)."""
@@ -282,12 +332,13 @@ def _outputs(seam, x):
     N, n, C = x.shape
     f32 = dict(dtype=torch.float32)
     gates, off_chip = seam.coef == "gates", seam.coef == "projection"
+    xw = (N, seam.proj_width) if seam.splits else (N, seam.k)  # split: its first kernel's hand-over, kept
     return (torch.empty_like(x) if seam.write_x else _empty(x),
             x.new_empty(N, C) if seam.read != "none" else _empty(x),
             x.new_empty(N, n, **f32) if gates else _empty(x),
             x.new_empty(N, n, n, **f32) if gates and seam.res_kind != "identity" else _empty(x),
             x.new_empty(N, n, **f32) if seam.on_chip else _empty(x),
-            x.new_empty(N, seam.k, **f32) if off_chip else _empty(x),
+            x.new_empty(*xw, **f32) if off_chip or seam.splits else _empty(x),
             x.new_empty(N, **f32) if off_chip else _empty(x))
 
 
@@ -304,11 +355,25 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     out = _outputs(seam, x)
     N, _, C = x.shape
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
-    kernels().seam_forward[seam_grid(N, BLOCK_T)](
-        x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-        _or(bias, x), _or(table, x), *(_or(o, x) for o in out), N, seam.eps, seam.eps_u, C=C,
-        DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
-        **seam.forward_constexprs())
+    common = dict(DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), maxnreg=MAX_REGISTERS)
+    if not seam.splits:
+        kernels().seam_forward[seam_grid(N, BLOCK_T)](
+            x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
+            _or(bias, x), _or(table, x), *(_or(o, x) for o in out), x, N, seam.eps, seam.eps_u, C=C,
+            num_warps=NUM_WARPS, PHASE=0, **common, **seam.forward_constexprs())
+        return out
+    # split: X_next and its projection, then from a second kernel the coefficients and the read
+    x_next, u, h_post_out, h_res_out, pre, proj, rstd = out
+    x_next = x_next if seam.write_x else torch.empty_like(x)
+    mix, read = split_phases(seam, backward=False)
+    kernels().seam_forward[seam_grid(N, mix.block_t)](
+        x, _or(y, x), _or(h_post, x), _or(h_res, x), x, 0, 0, w, x, x, x, x_next, x, x, x, x, x, x, proj, N,
+        seam.eps, seam.eps_u, C=C, num_warps=mix.warps, PHASE=1, **common,
+        **dict(seam.forward_constexprs(), READ=0, WRITE_X=True, BLOCK_T=mix.block_t, BLOCK_C=mix.block_c))
+    kernels().seam_forward[seam_grid(N, read.block_t)](
+        x_next, x, x, x, _or(h_read, x), *hread_strides, w, scale, bias, _or(table, x), x, u, _or(h_post_out, x),
+        _or(h_res_out, x), pre, x, x, proj, N, seam.eps, seam.eps_u, C=C, num_warps=read.warps, PHASE=2, **common,
+        **dict(seam.forward_constexprs(), SOURCE=0, WRITE_X=False, BLOCK_T=read.block_t, BLOCK_C=read.block_c))
     return out
 
 
@@ -336,19 +401,30 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
     gz, gzx, gxw = per_token
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     constexprs = seam.backward_constexprs()
-    block_t, num_warps = backward_tiling(constexprs["KBX"])
     if seam.rewrites_next:
         x_next = torch.empty_like(x)
-    kernels().seam_backward[seam_grid(N, block_t)](
+    launch = functools.partial(
+        kernels().seam_backward,
         x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
         _or(bias, x), _or(table, x), _or(xw, x), _or(rstd, x), _or(pre, x), _or(g_xnext, x), _or(g_u, x),
         _or(g_hpost, x), _or(g_hres, x), _or(g_pre, x), _or(g_xw, x), _or(g_rstd, x), gx, _or(gy, x), _or(ghp, x),
-        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), _or(x_next, x), N, seam.eps, seam.eps_u,
-        C=C,
-        HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
-        HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
-        NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), num_warps=num_warps,
-        maxnreg=MAX_REGISTERS, **constexprs)
+        _or(ghr, x), _or(ghread, x), _or(gz, x), _or(gzx, x), _or(gxw, x), _or(x_next, x))
+    flags = dict(C=C, HAS_GXO=g_xnext is not None, HAS_GU=g_u is not None, HAS_GHPO=g_hpost is not None,
+                 HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
+                 NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x),
+                 maxnreg=MAX_REGISTERS)
+    if not seam.splits:
+        block_t, num_warps = backward_tiling(constexprs["KBX"])
+        launch.func[seam_grid(N, block_t)](*launch.args, x, x, N, seam.eps, seam.eps_u, num_warps=num_warps, PHASE=0,
+                                           **flags, **constexprs)
+    else:
+        # split: the reductions over the channels (the read weights' and the norm's sums, the
+        # coefficients' gradients) per token, then a streaming pass for the stream gradients
+        bridge = x.new_empty(N, 3, dtype=torch.float32)
+        for phase, tiling in enumerate(split_phases(seam, backward=True), start=1):
+            launch.func[seam_grid(N, tiling.block_t)](
+                *launch.args, xw, bridge, N, seam.eps, seam.eps_u, num_warps=tiling.warps, PHASE=phase, **flags,
+                **dict(constexprs, BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c))
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))
     if seam.on_chip:  # the per-token gradients of z = scale * x'W + bias, summed over tokens
@@ -397,6 +473,8 @@ def _present(g):
 def _backward(ctx, g_xnext, g_u, g_hpost, g_hres, g_pre, g_xw, g_rstd):
     x, y, h_post, h_res, h_read, w, scale, bias, table, x_next, pre, xw, rstd, anchor, *chain = ctx.saved_tensors
     seam = decode(ctx.spec)
+    if seam.splits:  # its projection output is the hand-over between its kernels, no one else's input
+        g_xw = g_rstd = None
     if seam.recompute:
         x = restream(anchor, chain, seam.recompute, seam.chain_res, seam.eps, seam.n)
     if x_next is None:
@@ -539,7 +617,7 @@ class Recipe(NamedTuple):
 
 
 def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=False, norm=False, recipe=None,
-         keep_next=True):
+         keep_next=True, design="onepass"):
     """One boundary: X_next (X itself when y is None, else h_res X + h_post^T y with post =
     (h_post, h_res), h_res None for the identity), then, for `target` (an HC layer, the
     learned head, or None), its coefficients and its read of X_next: with `read` None the
@@ -548,7 +626,8 @@ def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=
     `norm`: the read is a sub-layer's input, written through the model's RMSNorm (its epsilon
     F.rms_norm's default: that of the dtype it computes in, fp32 for bf16 streams). X (N, n,
     C); y (N, C); coefficients fp32. Stream checkpoints: `recipe` (a Recipe) recomputes X in
-    backward rather than keeping it; `keep_next` False does not keep X_next either."""
+    backward rather than keeping it; `keep_next` False does not keep X_next either. `design`:
+    DESIGNS, for a target whose coefficients are on chip."""
     n = X.shape[1]
     kept = dict(keep_next=keep_next, **(recipe.fields() if recipe is not None else {}))
     source = dict(source="given") if y is None else dict(source="post", res_in=post[1] is not None)
@@ -562,7 +641,7 @@ def seam(X, y=None, post=(None, None), read=None, target=None, eps=0.0, write_x=
         return _off_chip(X, y, post, read, target, t, source, eps, write_x, norm, recipe, keep_next)
     delayed = read is not None
     spec = Seam(n, **source, read="given" if delayed else "projected", write_x=write_x, emit_carry=delayed,
-                eps=eps, **norm, **t.fields, **kept)
+                eps=eps, **norm, **t.fields, **kept, design=design)
     return _run(spec, X, y, post, read, t, recipe)
 
 
@@ -608,20 +687,21 @@ def first_read(X):
     return e0.expand(X.shape[0], X.shape[1])
 
 
-def run(conn, x0, branches, eps, norm=False, keep_after=None, checkpoint=1):
+def run(conn, x0, branches, eps, norm=False, keep_after=None, checkpoint=1, design="onepass"):
     """The trunk of StreamConnections with fused seams: (x0 (B, T, C) -> the reduced state,
     kept). `norm`: the branches are the raw sub-layers, and the seams write their inputs
     normed. `keep_after` (a layer index short of the last): kept is (the state after that
     layer (B, T, n, C), the carry then (B, T, n) or None), which the seams write anyway.
     `checkpoint` K (hc_stream_checkpoint): backward keeps X_0 = expand(x0), every K-th stream
     after it and the one kept; every other stream it recomputes from the last kept one and
-    the sub-layers' outputs since, which the seams keep anyway (fused.restream)."""
+    the sub-layers' outputs since, which the seams keep anyway (fused.restream). `design`
+    (hc_seam): DESIGNS, how each seam whose coefficients are on chip runs."""
     B, T, C = x0.shape
     layers = conn.layers
     X = conn.expand(x0).reshape(B * T, conn.n, C)
     recipe = None  # how backward gets X back: None while X is kept
     delayed = layers[0].delayed_pre
-    out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps, norm=norm)
+    out = seam(X, read=first_read(X) if delayed else None, target=layers[0], eps=eps, norm=norm, design=design)
     kept = None
     for j, branch in enumerate(branches):
         y = branch(out.u.view(B, T, C)).reshape(B * T, C)
@@ -631,23 +711,23 @@ def run(conn, x0, branches, eps, norm=False, keep_after=None, checkpoint=1):
             carry = out.carry
             keep_next = (j + 1) % checkpoint == 0 or j == keep_after
             out = seam(X, y, post, read=carry, target=layers[j + 1], eps=eps, norm=norm, recipe=recipe,
-                       keep_next=keep_next)
+                       keep_next=keep_next, design=design)
             recipe = None if keep_next else (recipe or Recipe(X)).then(y, post)
             X = out.x_next
             if j == keep_after:
                 kept = (X.view(B, T, conn.n, C), None if carry is None else carry.view(B, T, conn.n))
         else:
-            return _exit(conn.reduce, X, y, post, out.carry, eps, recipe, checkpoint == 1).view(B, T, C), kept
+            return _exit(conn.reduce, X, y, post, out.carry, eps, recipe, checkpoint == 1, design).view(B, T, C), kept
 
 
-def _exit(reduce, X, y, post, carry, eps, recipe, keep_next):
+def _exit(reduce, X, y, post, carry, eps, recipe, keep_next, design):
     """The last post mix folded into the reduce: the sum of the streams, the carried
     pre-weights (delayed), or the learned head (a projection of its own, whose weight
     gradient reads the last streams: kept, or written again by the seam's backward)."""
     if carry is not None:
         return seam(X, y, post, read=carry, eps=eps, recipe=recipe).u
     if hasattr(reduce, "weight"):
-        return seam(X, y, post, target=reduce, eps=eps, recipe=recipe, keep_next=keep_next).u
+        return seam(X, y, post, target=reduce, eps=eps, recipe=recipe, keep_next=keep_next, design=design).u
     ones = torch.ones((), device=X.device, dtype=torch.float32).expand(X.shape[0], X.shape[1])
     return seam(X, y, post, read=ones, eps=eps, recipe=recipe).u
 

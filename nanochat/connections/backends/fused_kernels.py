@@ -446,6 +446,29 @@ def _store_columns(ptr, row, tmask, tile, idx, valid, K: tl.constexpr):
     tl.store(ptr + row[:, None] * K + idx[None, :], tile, mask=tmask[:, None] & valid[None, :])
 
 
+@triton.jit
+def _store_projection(proj_ptr, row, tmask, accA, accB, ss, KA: tl.constexpr, KBX: tl.constexpr):
+    """The split design's hand-over from its first kernel to its second: a token's raw
+    projection, both register blocks as they are, and its sum of squares ((N, KA + KBX + 1) fp32)."""
+    PW: tl.constexpr = KA + KBX + 1
+    a = tl.arange(0, KA)
+    b = tl.arange(0, KBX)
+    tl.store(proj_ptr + row[:, None] * PW + a[None, :], accA, mask=tmask[:, None])
+    tl.store(proj_ptr + row[:, None] * PW + KA + b[None, :], accB, mask=tmask[:, None])
+    tl.store(proj_ptr + row * PW + KA + KBX, ss, mask=tmask)
+
+
+@triton.jit
+def _load_projection(proj_ptr, row, tmask, KA: tl.constexpr, KBX: tl.constexpr):
+    PW: tl.constexpr = KA + KBX + 1
+    a = tl.arange(0, KA)
+    b = tl.arange(0, KBX)
+    accA = tl.load(proj_ptr + row[:, None] * PW + a[None, :], mask=tmask[:, None], other=0.0)
+    accB = tl.load(proj_ptr + row[:, None] * PW + KA + b[None, :], mask=tmask[:, None], other=0.0)
+    ss = tl.load(proj_ptr + row * PW + KA + KBX, mask=tmask, other=0.0)
+    return accA, accB, ss
+
+
 # ----- the kernels -----
 
 @triton.jit
@@ -469,13 +492,13 @@ def _tile(hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS: tl.constexp
 
 @triton.jit
 def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, N, eps, eps_u,
-                 C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, proj_ptr, N, eps,
+                 eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
                  READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
                  NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                  KBX: tl.constexpr, READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_C: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, PHASE: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
@@ -483,24 +506,46 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
     accB = tl.zeros((BLOCK_T, KBX), tl.float32)
     ss = tl.zeros((BLOCK_T,), tl.float32)
     usq = tl.zeros((BLOCK_T,), tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        cc = c0 + cols
-        cmask = cc < C
-        mask = tmask[:, None] & cmask[None, :]
-        _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-        if WRITE_X:
-            for s in tl.static_range(NS):
-                tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
-                         xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
-        if COEF > 0:
-            accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C, K,
-                                            KB, NS, DOT_PRECISION)
-        if READ == 1:
-            u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
-            if NORM:
-                usq += tl.sum(u * u, axis=1)
-            else:
-                tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+    if PHASE == 2:  # split, second kernel: the first one projected X_next (SOURCE 0: x_ptr is X_next)
+        accA, accB, ss = _load_projection(proj_ptr, row, tmask, KA, KBX)
+    else:
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + cols
+            cmask = cc < C
+            mask = tmask[:, None] & cmask[None, :]
+            _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+            if WRITE_X:
+                for s in tl.static_range(NS):
+                    tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
+                             xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
+            if COEF > 0:
+                accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C,
+                                                K, KB, NS, DOT_PRECISION)
+            if READ == 1 and PHASE == 0:
+                u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+                if NORM:
+                    usq += tl.sum(u * u, axis=1)
+                else:
+                    tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+    if PHASE == 1:  # split, first kernel: X_next and its projection only
+        _store_projection(proj_ptr, row, tmask, accA, accB, ss, KA, KBX)
+    else:
+        _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hpost_out_ptr, hres_out_ptr,
+                               pre_ptr, xw_ptr, rstd_ptr, row, tmask, cols, idxA, validA, idxB, validB, hp, hr, read,
+                               accA, accB, ss, usq, eps, eps_u, C, NS, NP, SOURCE, RES_IN, READ, COEF, RES_KIND,
+                               SK_ITERS, NUM_GROUPS, K, KA, KBX, READ_EPS, NORM, MP, PHASE, BLOCK_T, BLOCK_C)
+
+
+@triton.jit
+def _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr,
+                           xw_ptr, rstd_ptr, row, tmask, cols, idxA, validA, idxB, validB, hp, hr, read, accA, accB,
+                           ss, usq, eps, eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                           SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
+                           RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
+                           KA: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, NORM: tl.constexpr,
+                           MP: tl.constexpr, PHASE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The seam forward after its pass over the streams: the coefficients from the projection,
+    then the read of X_next where it needs passes of its own (PHASE 2: every read)."""
     if COEF > 0:
         rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
         if COEF == 1:  # the coefficients are computed off chip, from these
@@ -513,16 +558,19 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
             if READ == 2:
                 read = projected
     # The read weights from the projection need all of it first, and the sub-layer's input norm
-    # (NORM) all of u: one or two more passes over the tile, from cache.
+    # (NORM) all of u: one or two more passes over the tile, from cache (PHASE 0), or the passes
+    # of the split design's second kernel, whose programs are small enough that its second pass
+    # finds the tile its first one read.
     ones = tl.full((BLOCK_T,), 1.0, tl.float32)
+    AGAIN: tl.constexpr = READ == 2 or PHASE == 2
     if NORM:
-        if READ == 2:
+        if AGAIN:
             usq = _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, False, True, NS,
                              SOURCE, RES_IN, BLOCK_T, BLOCK_C)
         urstd = 1.0 / tl.sqrt(usq / C + eps_u)
-        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1, NS, SOURCE,
-                   RES_IN, BLOCK_T, BLOCK_C)
-    elif READ == 2:
+        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1 and PHASE == 0,
+                   NS, SOURCE, RES_IN, BLOCK_T, BLOCK_C)
+    elif AGAIN and READ > 0:
         _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, True, True, NS, SOURCE, RES_IN,
                    BLOCK_T, BLOCK_C)
 
@@ -531,185 +579,205 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
 def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
                   tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
                   grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, xn_out_ptr,
-                  N, eps, eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr,
-                  RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
+                  proj_ptr, bridge_ptr, N, eps, eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                  SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
                   SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
                   A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
                   NORM: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, WRITE_XN: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                  PHASE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
     if READ == 2:  # the pre-weights the forward projected and kept
         read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
 
-    # A pass over the tile first, for what the rest needs whole: the projection again (nothing
-    # of it is kept from the forward), the read weights' gradient dL/dw_s = sum_c g_u X_next[s]
-    # when they came from it, and the input norm's (NORM) sums: with v = u / rms(u), dL/du =
-    # (g_v - v mean(g_v v)) / rms(u) and dL/dw_s = (sum g_v X_s - mean(g_v v) sum v X_s) / rms(u).
-    accA = tl.zeros((BLOCK_T, KA), tl.float32)
-    accB = tl.zeros((BLOCK_T, KBX), tl.float32)
-    ss = tl.zeros((BLOCK_T,), tl.float32)
-    g_read = _zeros_tuple(NS, BLOCK_T)
-    ux = _zeros_tuple(NS, BLOCK_T)
-    usq = tl.zeros((BLOCK_T,), tl.float32)
-    gudot = tl.zeros((BLOCK_T,), tl.float32)
-    GRADS_A: tl.constexpr = HAS_GU and (NORM or READ == 2)
-    if COEF > 1 or GRADS_A:
+    if PHASE == 2:
+        # split, second kernel: what the first one reduced over the channels, per token
+        gxwA = tl.load(gxw_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
+                       other=0.0)
+        gxwB = tl.load(gxw_ptr + row[:, None] * K + idxB[None, :], mask=tmask[:, None] & validB[None, :],
+                       other=0.0)
+        coefx = tl.load(bridge_ptr + row * 3, mask=tmask, other=0.0)
+        urstd = tl.load(bridge_ptr + row * 3 + 1, mask=tmask, other=0.0)
+        vdot = tl.load(bridge_ptr + row * 3 + 2, mask=tmask, other=0.0)
+    else:
+        # A pass over the tile first, for what the rest needs whole: the projection again (nothing
+        # of it is kept from the forward), the read weights' gradient dL/dw_s = sum_c g_u X_next[s]
+        # when they came from it, and the input norm's (NORM) sums: with v = u / rms(u), dL/du =
+        # (g_v - v mean(g_v v)) / rms(u) and dL/dw_s = (sum g_v X_s - mean(g_v v) sum v X_s) / rms(u).
+        accA = tl.zeros((BLOCK_T, KA), tl.float32)
+        accB = tl.zeros((BLOCK_T, KBX), tl.float32)
+        ss = tl.zeros((BLOCK_T,), tl.float32)
+        g_read = _zeros_tuple(NS, BLOCK_T)
+        ux = _zeros_tuple(NS, BLOCK_T)
+        usq = tl.zeros((BLOCK_T,), tl.float32)
+        gudot = tl.zeros((BLOCK_T,), tl.float32)
+        GRADS_A: tl.constexpr = HAS_GU and (NORM or READ == 2)
+        if PHASE == 1 and COEF > 1:  # split: the projection the forward's first kernel handed over
+            accA, accB, ss = _load_projection(proj_ptr, row, tmask, KA, KBX)
+        if (COEF > 1 and PHASE == 0) or GRADS_A:
+            for c0 in range(0, C, BLOCK_C):
+                cc = c0 + cols
+                cmask = cc < C
+                mask = tmask[:, None] & cmask[None, :]
+                _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                if COEF > 1 and PHASE == 0:
+                    accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB,
+                                                    C, K, KB, NS, DOT_PRECISION)
+                if GRADS_A:
+                    gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                    new_g = ()
+                    for s in tl.static_range(NS):
+                        new_g = new_g + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
+                    g_read = new_g
+                    if NORM:
+                        u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+                        usq += tl.sum(u * u, axis=1)
+                        gudot += tl.sum(gu * u, axis=1)
+                        new_u = ()
+                        for s in tl.static_range(NS):
+                            new_u = new_u + (ux[s] + tl.sum(u * xn[s], axis=1),)
+                        ux = new_u
+        urstd = tl.zeros((BLOCK_T,), tl.float32)
+        vdot = tl.zeros((BLOCK_T,), tl.float32)
+        if NORM:
+            urstd = 1.0 / tl.sqrt(usq / C + eps_u)
+            vdot = urstd * gudot / C  # mean(g_v v), v = u / rms(u)
+            new_g = ()
+            for s in tl.static_range(NS):
+                new_g = new_g + (urstd * (g_read[s] - vdot * urstd * ux[s]),)
+            g_read = new_g
+
+        # The projection's gradient: dL/dz of the gates on chip (COEF > 1), or given by the caller
+        # (COEF 1: the coefficients were computed off chip from the projection it wrote).
+        gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
+        gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
+        coefx = tl.zeros((BLOCK_T,), tl.float32)
+        if COEF > 0:
+            if COEF == 1:
+                accA = tl.load(xw_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
+                               other=0.0)
+                rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
+            else:
+                rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
+            gxwnA = tl.zeros((BLOCK_T, KA), tl.float32)
+            gxwnB = tl.zeros((BLOCK_T, KBX), tl.float32)
+            if COEF > 1:
+                gzA, gzB = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr,
+                                           ghro_ptr, gpre_ptr, idxA, validA, idxB, validB, NS, NP, READ, COEF, RES_KIND,
+                                           SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, MP, HAS_GHPO, HAS_GHRO, HAS_GPRE,
+                                           BLOCK_T)
+                # per token, for the caller's sums over tokens: dL/dbias = g_z, dL/dscale = g_z x'W
+                _store_columns(gz_ptr, row, tmask, gzA, idxA, validA, K)
+                _store_columns(gzx_ptr, row, tmask, gzA * accA * rstd[:, None], idxA, validA, K)
+                gxwnA = gzA * tl.load(scale_ptr + idxA, mask=validA, other=0.0)[None, :]
+                if KB > 0:
+                    _store_columns(gz_ptr, row, tmask, gzB, idxB, validB, K)
+                    _store_columns(gzx_ptr, row, tmask, gzB * accB * rstd[:, None], idxB, validB, K)
+                    gxwnB = gzB * tl.load(scale_ptr + idxB, mask=validB, other=0.0)[None, :]
+            # x'W = (xW) * rstd: the gradients of the raw projection and of rstd
+            grstd = tl.sum(gxwnA * accA, axis=1) + tl.sum(gxwnB * accB, axis=1)
+            gxwA = gxwnA * rstd[:, None]
+            gxwB = gxwnB * rstd[:, None]
+            if HAS_GEXT:
+                gxwA += tl.load(gxw_ext_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
+                                other=0.0)
+                grstd += tl.load(grstd_ext_ptr + row, mask=tmask, other=0.0)
+            _store_columns(gxw_ptr, row, tmask, gxwA, idxA, validA, K)
+            if KB > 0:
+                _store_columns(gxw_ptr, row, tmask, gxwB, idxB, validB, K)
+            # rstd = (sum(x^2) / D + eps)^-1/2: d rstd / dx = -rstd^3 x / D
+            coefx = -grstd * rstd * rstd * rstd / (NS * C)
+        if PHASE == 1:  # split, first kernel: hand the per-token reductions to the second
+            tl.store(bridge_ptr + row * 3, coefx, mask=tmask)
+            tl.store(bridge_ptr + row * 3 + 1, urstd, mask=tmask)
+            tl.store(bridge_ptr + row * 3 + 2, vdot, mask=tmask)
+            if READ == 1 and NEED_GHREAD and NORM:
+                for s in tl.static_range(NS):
+                    tl.store(ghread_ptr + row * NS + s, g_read[s], mask=tmask)
+
+    if PHASE != 1:  # (split: the second kernel)
+        # One pass: G = dL/dX_next from the next layer, the pre mix and the projection; then the
+        # gradients of what X_next was made from.
+        g_hp = _zeros_tuple(NS, BLOCK_T)
+        g_hr = _zeros_tuple(NS * NS, BLOCK_T)
+        g_hread = _zeros_tuple(NS, BLOCK_T)
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
             cmask = cc < C
             mask = tmask[:, None] & cmask[None, :]
-            _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-            if COEF > 1:
-                accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB,
-                                                C, K, KB, NS, DOT_PRECISION)
-            if GRADS_A:
-                gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-                new_g = ()
+            xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+            if WRITE_XN:  # X_next was not kept (stream checkpoints): the weight gradient reads it from here
                 for s in tl.static_range(NS):
-                    new_g = new_g + (g_read[s] + tl.sum(gu * xn[s], axis=1),)
-                g_read = new_g
-                if NORM:
-                    u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
-                    usq += tl.sum(u * u, axis=1)
-                    gudot += tl.sum(gu * u, axis=1)
-                    new_u = ()
-                    for s in tl.static_range(NS):
-                        new_u = new_u + (ux[s] + tl.sum(u * xn[s], axis=1),)
-                    ux = new_u
-    urstd = tl.zeros((BLOCK_T,), tl.float32)
-    vdot = tl.zeros((BLOCK_T,), tl.float32)
-    if NORM:
-        urstd = 1.0 / tl.sqrt(usq / C + eps_u)
-        vdot = urstd * gudot / C  # mean(g_v v), v = u / rms(u)
-        new_g = ()
-        for s in tl.static_range(NS):
-            new_g = new_g + (urstd * (g_read[s] - vdot * urstd * ux[s]),)
-        g_read = new_g
-
-    # The projection's gradient: dL/dz of the gates on chip (COEF > 1), or given by the caller
-    # (COEF 1: the coefficients were computed off chip from the projection it wrote).
-    gxwA = tl.zeros((BLOCK_T, KA), tl.float32)
-    gxwB = tl.zeros((BLOCK_T, KBX), tl.float32)
-    coefx = tl.zeros((BLOCK_T,), tl.float32)
-    if COEF > 0:
-        if COEF == 1:
-            accA = tl.load(xw_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
-                           other=0.0)
-            rstd = tl.load(rstd_ptr + row, mask=tmask, other=0.0)
-        else:
-            rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
-        gxwnA = tl.zeros((BLOCK_T, KA), tl.float32)
-        gxwnB = tl.zeros((BLOCK_T, KBX), tl.float32)
-        if COEF > 1:
-            gzA, gzB = _gates_backward(accA, accB, rstd, g_read, scale_ptr, bias_ptr, tab_ptr, row, tmask, ghpo_ptr,
-                                       ghro_ptr, gpre_ptr, idxA, validA, idxB, validB, NS, NP, READ, COEF, RES_KIND,
-                                       SK_ITERS, SK_HIST, NUM_GROUPS, KA, KBX, MP, HAS_GHPO, HAS_GHRO, HAS_GPRE,
-                                       BLOCK_T)
-            # per token, for the caller's sums over tokens: dL/dbias = g_z, dL/dscale = g_z x'W
-            _store_columns(gz_ptr, row, tmask, gzA, idxA, validA, K)
-            _store_columns(gzx_ptr, row, tmask, gzA * accA * rstd[:, None], idxA, validA, K)
-            gxwnA = gzA * tl.load(scale_ptr + idxA, mask=validA, other=0.0)[None, :]
-            if KB > 0:
-                _store_columns(gz_ptr, row, tmask, gzB, idxB, validB, K)
-                _store_columns(gzx_ptr, row, tmask, gzB * accB * rstd[:, None], idxB, validB, K)
-                gxwnB = gzB * tl.load(scale_ptr + idxB, mask=validB, other=0.0)[None, :]
-        # x'W = (xW) * rstd: the gradients of the raw projection and of rstd
-        grstd = tl.sum(gxwnA * accA, axis=1) + tl.sum(gxwnB * accB, axis=1)
-        gxwA = gxwnA * rstd[:, None]
-        gxwB = gxwnB * rstd[:, None]
-        if HAS_GEXT:
-            gxwA += tl.load(gxw_ext_ptr + row[:, None] * K + idxA[None, :], mask=tmask[:, None] & validA[None, :],
-                            other=0.0)
-            grstd += tl.load(grstd_ext_ptr + row, mask=tmask, other=0.0)
-        _store_columns(gxw_ptr, row, tmask, gxwA, idxA, validA, K)
-        if KB > 0:
-            _store_columns(gxw_ptr, row, tmask, gxwB, idxB, validB, K)
-        # rstd = (sum(x^2) / D + eps)^-1/2: d rstd / dx = -rstd^3 x / D
-        coefx = -grstd * rstd * rstd * rstd / (NS * C)
-
-    # One pass: G = dL/dX_next from the next layer, the pre mix and the projection; then the
-    # gradients of what X_next was made from.
-    g_hp = _zeros_tuple(NS, BLOCK_T)
-    g_hr = _zeros_tuple(NS * NS, BLOCK_T)
-    g_hread = _zeros_tuple(NS, BLOCK_T)
-    for c0 in range(0, C, BLOCK_C):
-        cc = c0 + cols
-        cmask = cc < C
-        mask = tmask[:, None] & cmask[None, :]
-        xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-        if WRITE_XN:  # X_next was not kept (stream checkpoints): the weight gradient reads it from here
-            for s in tl.static_range(NS):
-                tl.store(xn_out_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
-                         xn[s].to(xn_out_ptr.dtype.element_ty), mask=mask)
-        gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-        if READ > 0 and HAS_GU:
-            gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-            if NORM:  # the gradient of the normed input v, turned into u's
-                v = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C) * urstd[:, None]
-                gu = urstd[:, None] * (gu - v * vdot[:, None])
-        G = ()
-        for s in tl.static_range(NS):
-            g = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-            if HAS_GXO:
-                g += tl.load(gxo_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], mask=mask,
-                             other=0.0).to(tl.float32)
+                    tl.store(xn_out_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
+                             xn[s].to(xn_out_ptr.dtype.element_ty), mask=mask)
+            gu = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
             if READ > 0 and HAS_GU:
-                g += read[s][:, None] * gu
-            if COEF > 0:
-                wrow = (s * C + cc)[None, :] * K
-                g += tl.dot(gxwA, tl.load(w_ptr + wrow + idxA[:, None], mask=validA[:, None] & cmask[None, :],
-                                          other=0.0), input_precision=DOT_PRECISION)
-                if KB > 0:
-                    g += tl.dot(gxwB, tl.load(w_ptr + wrow + idxB[:, None], mask=validB[:, None] & cmask[None, :],
+                gu = tl.load(gu_ptr + row[:, None] * C + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                if NORM:  # the gradient of the normed input v, turned into u's
+                    v = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C) * urstd[:, None]
+                    gu = urstd[:, None] * (gu - v * vdot[:, None])
+            G = ()
+            for s in tl.static_range(NS):
+                g = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+                if HAS_GXO:
+                    g += tl.load(gxo_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], mask=mask,
+                                 other=0.0).to(tl.float32)
+                if READ > 0 and HAS_GU:
+                    g += read[s][:, None] * gu
+                if COEF > 0:
+                    wrow = (s * C + cc)[None, :] * K
+                    g += tl.dot(gxwA, tl.load(w_ptr + wrow + idxA[:, None], mask=validA[:, None] & cmask[None, :],
                                               other=0.0), input_precision=DOT_PRECISION)
-                g += coefx[:, None] * xn[s]
-            G = G + (g,)
-        if READ == 1 and NEED_GHREAD and not NORM:
-            new = ()
-            for s in tl.static_range(NS):
-                new = new + (g_hread[s] + tl.sum(gu * xn[s], axis=1),)
-            g_hread = new
-        if SOURCE == 0:
-            for s in tl.static_range(NS):
-                tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], G[s].to(gx_ptr.dtype.element_ty),
-                         mask=mask)
-        else:
-            gy = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-            new_hp = ()
-            for t2 in tl.static_range(NS):
-                gy += hp[t2][:, None] * G[t2]
-                new_hp = new_hp + (g_hp[t2] + tl.sum(G[t2] * y, axis=1),)
-            g_hp = new_hp
-            tl.store(gy_ptr + row[:, None] * C + cc[None, :], gy.to(gy_ptr.dtype.element_ty), mask=mask)
-            for s in tl.static_range(NS):
+                    if KB > 0:
+                        g += tl.dot(gxwB, tl.load(w_ptr + wrow + idxB[:, None], mask=validB[:, None] & cmask[None, :],
+                                                  other=0.0), input_precision=DOT_PRECISION)
+                    g += coefx[:, None] * xn[s]
+                G = G + (g,)
+            if READ == 1 and NEED_GHREAD and not NORM:
+                new = ()
+                for s in tl.static_range(NS):
+                    new = new + (g_hread[s] + tl.sum(gu * xn[s], axis=1),)
+                g_hread = new
+            if SOURCE == 0:
+                for s in tl.static_range(NS):
+                    tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], G[s].to(gx_ptr.dtype.element_ty),
+                             mask=mask)
+            else:
+                gy = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+                new_hp = ()
+                for t2 in tl.static_range(NS):
+                    gy += hp[t2][:, None] * G[t2]
+                    new_hp = new_hp + (g_hp[t2] + tl.sum(G[t2] * y, axis=1),)
+                g_hp = new_hp
+                tl.store(gy_ptr + row[:, None] * C + cc[None, :], gy.to(gy_ptr.dtype.element_ty), mask=mask)
+                for s in tl.static_range(NS):
+                    if RES_IN == 1:
+                        gxs = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
+                        for t2 in tl.static_range(NS):
+                            gxs += hr[t2 * NS + s][:, None] * G[t2]
+                    else:
+                        gxs = G[s]
+                    tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], gxs.to(gx_ptr.dtype.element_ty),
+                             mask=mask)
                 if RES_IN == 1:
-                    gxs = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-                    for t2 in tl.static_range(NS):
-                        gxs += hr[t2 * NS + s][:, None] * G[t2]
-                else:
-                    gxs = G[s]
-                tl.store(gx_ptr + row[:, None] * (NS * C) + s * C + cc[None, :], gxs.to(gx_ptr.dtype.element_ty),
-                         mask=mask)
+                    new_hr = ()
+                    for q in tl.static_range(NS * NS):
+                        new_hr = new_hr + (g_hr[q] + tl.sum(G[q // NS] * xs[q % NS], axis=1),)
+                    g_hr = new_hr
+        if SOURCE == 1:
+            for s in tl.static_range(NS):
+                tl.store(ghp_ptr + row * NS + s, g_hp[s], mask=tmask)
             if RES_IN == 1:
-                new_hr = ()
                 for q in tl.static_range(NS * NS):
-                    new_hr = new_hr + (g_hr[q] + tl.sum(G[q // NS] * xs[q % NS], axis=1),)
-                g_hr = new_hr
-    if SOURCE == 1:
-        for s in tl.static_range(NS):
-            tl.store(ghp_ptr + row * NS + s, g_hp[s], mask=tmask)
-        if RES_IN == 1:
-            for q in tl.static_range(NS * NS):
-                tl.store(ghr_ptr + row * (NS * NS) + q, g_hr[q], mask=tmask)
-    if READ == 1 and NEED_GHREAD:
-        if NORM:
-            g_hread = g_read
-        for s in tl.static_range(NS):
-            tl.store(ghread_ptr + row * NS + s, g_hread[s], mask=tmask)
+                    tl.store(ghr_ptr + row * (NS * NS) + q, g_hr[q], mask=tmask)
+        if READ == 1 and NEED_GHREAD and (PHASE == 0 or not NORM):
+            if NORM:
+                g_hread = g_read
+            for s in tl.static_range(NS):
+                tl.store(ghread_ptr + row * NS + s, g_hread[s], mask=tmask)
 
 
 @triton.jit

@@ -183,6 +183,7 @@ def resolve_kernels(cfg):
     if cfg.hc_kernels == "fused" and cfg.hc_streams > 1:
         fused.check()
     fused.check_stream_checkpoint(cfg)
+    fused.check_design(cfg)
 
 
 def uses_liger(kernels, X):
