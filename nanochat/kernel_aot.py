@@ -110,7 +110,9 @@ def touches_streams(args):
 def fused_workloads():
     """(label, config fields) of every distinct seam set: each wiring that runs on the fused
     seams (SPEC backends), with current and, where it takes them, delayed pre-weights, and the
-    learned head (the other options launch the same kernels)."""
+    learned head (the other options launch the same kernels); each once more as the split seam
+    design (current pre-weights: delayed ones launch the same split kernels but for the read
+    weights' source); and KromHC's with stream checkpoints (its backward writes X_next again)."""
     from nanochat import connections
     out = []
     for name in connections.VARIANTS:
@@ -118,7 +120,10 @@ def fused_workloads():
             out.append((f"{name}", dict(hc=name)))
             if connections.takes_option(name, "hc_pre"):
                 out.append((f"{name} delayed", dict(hc=name, hc_pre="delayed")))
+            out.append((f"{name} split", dict(hc=name, hc_seam="split")))
     out.append(("kromhc learned head", dict(hc="kromhc", hc_reduce="learned")))
+    out.append(("kromhc learned head split", dict(hc="kromhc", hc_reduce="learned", hc_seam="split")))
+    out.append(("kromhc K=2", dict(hc="kromhc", hc_stream_checkpoint=2)))
     return out
 
 

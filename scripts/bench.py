@@ -93,6 +93,7 @@ from nanochat import connections
 from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
 from nanochat.common import device_name, single_gpu_device, synchronize, text_table
 from nanochat.connections.hc import PRES
+from nanochat.connections.backends import auto
 from nanochat.connections.backends.ops import KERNELS
 from nanochat.gpt import COMPILE_MODES, GPTConfig, build_model, compiled
 from scripts import bench_infer, bench_profile, bench_traffic
@@ -115,9 +116,10 @@ def build_parser():
     p.add_argument("--sk-iters", type=positive_int(), default=20, help="mhc Sinkhorn-Knopp iterations (default 20)")
     p.add_argument("--recompute", choices=("off", "on", "both"), default="off",
                    help="hc_recompute for the HC variants; 'both' benches each variant with and without")
-    p.add_argument("--hc-kernels", type=choice_list(KERNELS), default=["torch"], metavar="K[,K]",
-                   help="stream-op backends to compare, e.g. torch,liger (default torch; liger needs CUDA and "
-                        "pip install -e '.[kernels]')")
+    p.add_argument("--hc-kernels", type=choice_list((*KERNELS, "fused-split")), default=["torch"],
+                   metavar="K[,K]",
+                   help="stream-op backends to compare, e.g. torch,liger,fused,fused-split (default torch; fused-split: "
+                        "the fused seams' split design; liger and fused need CUDA and pip install -e '.[kernels]')")
     p.add_argument("--hc-pre", type=choice_list(PRES), default=["current"], metavar="P[,P]",
                    help="pre-weights of the HC variants to compare: current (the paper), delayed (DeepSeek-V4.1), "
                         "or current,delayed (default current)")
@@ -224,7 +226,8 @@ def make_config(args, variant, recompute, n_layer, kernels="torch", pre="current
                          n_head=C // args.head_dim, n_kv_head=C // args.head_dim, n_embd=C,
                          window_pattern=args.window_pattern, hc=variant, hc_streams=args.streams if hc else 0,
                          hc_factors=list(args.factors) if "hc_factors" in own else [],
-                         hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc, hc_kernels=kernels, hc_pre=pre)
+                         hc_sk_iters=args.sk_iters, hc_recompute=recompute and hc, hc_pre=pre,
+                         **(auto.fields(kernels) if kernels in auto.PATHS else dict(hc_kernels=kernels)))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 

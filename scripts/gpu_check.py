@@ -106,8 +106,10 @@ def build_parser():
                    help=f"what to run (default: all: {' '.join(SECTIONS)})")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), metavar="V",
                    help="connection variants (default: all)")
-    p.add_argument("--backends", nargs="+", choices=("torch", "liger", "fused"), default=["torch", "liger", "fused"],
-                   metavar="K", help="--hc-kernels backends of the kernels section (default all: torch liger fused)")
+    p.add_argument("--backends", nargs="+", choices=("torch", "liger", "fused", "fused-split"),
+                   default=["torch", "liger", "fused", "fused-split"], metavar="K",
+                   help="stream paths of the kernels section (default all: torch liger fused fused-split, the last "
+                        "the fused seams' split design)")
     p.add_argument("--depths", nargs="+", type=positive_int(), help="model depths (default 12 6; tiny: 1 2)")
     p.add_argument("--batch", type=positive_int(), help="device batch of the model section (default 32; halved on OOM)")
     p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 2)")
@@ -353,12 +355,14 @@ _WORDS = "the a small large red blue quick slow river stone garden window music 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["an", "el", "or", "ix", "um"]
 
 
-def kernel_backends(device, wanted=("torch", "liger", "fused")):
-    """(the backends of `wanted` that run here, {backend: why not} for the others): torch
-    always; liger and fused on CUDA (or under Triton's interpreter) when installed."""
+def kernel_backends(device, wanted=("torch", "liger", "fused", "fused-split")):
+    """(the stream paths of `wanted` that run here, {path: why not} for the others): torch
+    always; liger and fused (either seam design) on CUDA (or under Triton's interpreter) when
+    installed."""
     from nanochat.connections.backends import fused, liger
     ok, missing = ["torch"] if "torch" in wanted else [], {}
-    for name, module, what in (("liger", liger, "Liger-Kernel"), ("fused", fused, "Triton")):
+    for name, module, what in (("liger", liger, "Liger-Kernel"), ("fused", fused, "Triton"),
+                               ("fused-split", fused, "Triton")):
         if name not in wanted:
             continue
         if not module.AVAILABLE:
@@ -374,7 +378,7 @@ def kernel_backends(device, wanted=("torch", "liger", "fused")):
 # the paper's pair (KromHC, mHC) on every backend, ours first, the default second, Liger's last;
 # then every other variant: one of n streams on the first backend that runs it (fused and liger
 # refuse frac and gated), any other (the zoo's wirings) on torch, the only one it has.
-STREAM_ORDER = ("fused", "torch", "liger")
+STREAM_ORDER = ("fused", "fused-split", "torch", "liger")
 PAPER_PAIR = ("kromhc", "mhc")
 
 
@@ -467,9 +471,12 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
     _free_memory(device)
     hc_variants = [v for v in variants if set(connections.spec(v).backends) - {"torch"}]  # those with stream kernels
     layer = out["layer"]
-    if hc_variants and budget.allows("kernels layer", "layer", len(backends) * len(hc_variants)):
+    # a layer called alone runs its read and its post mix as two seams of their own, the same in
+    # both seam designs: one fused row
+    layer_paths = [b for b in backends if b != "fused-split"]
+    if hc_variants and budget.allows("kernels layer", "layer", len(layer_paths) * len(hc_variants)):
         argv = ["--bench", "layer", "--width", str(layer["width"]), "--seq-len", str(layer["seq_len"]),
-                "--batch", str(layer["batch"]), "--variants", *hc_variants, "--hc-kernels", ",".join(backends),
+                "--batch", str(layer["batch"]), "--variants", *hc_variants, "--hc-kernels", ",".join(layer_paths),
                 "--warmup", str(prof["warmup"]), "--reps", str(prof["reps"]), "--head-dim", str(prof["head_dim"]),
                 "--streams", "4"] + (["--compile"] if compile_model else [])
         torch._dynamo.reset()
@@ -672,10 +679,10 @@ def markdown(result):
                             for r in result["grads"]])]
     kernels = result.get("kernels")
     if kernels and not kernels["available"]:
-        lines += ["", "## Stream kernels: torch, liger, fused", "", f"Not measured: {kernels['reason']}."]
+        lines += ["", "## Stream kernels: torch, liger, fused, fused-split", "", f"Not measured: {kernels['reason']}."]
     elif kernels:
         layer = kernels["layer"]
-        lines += ["", "## Stream kernels: torch, liger, fused (--hc-kernels)", "",
+        lines += ["", "## Stream kernels: torch, liger, fused, fused-split (--hc-kernels, --hc-seam)", "",
                   md_table(["run", "variant", "kernels", "median ms", "spread", "tok/s", "MFU %", "x residual",
                             "x torch", "saved MiB", "peak MiB", "first step s"],
                            [[r["run"], r["variant"], r["kernels"], _f(r.get("median_ms"), ".3f"),

@@ -62,7 +62,8 @@ def test_a_run_resolves_auto_before_it_builds_the_model(monkeypatch):
     monkeypatch.setattr(auto, "runnable", lambda config, device_type: ["torch", "fused"])
     cuda = torch.device("cuda")
     config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="auto", hc_stream_checkpoint=2), cuda, H200)
-    assert (config.hc_kernels, config.hc_stream_checkpoint) == ("fused", 2) and note.startswith("hc_kernels auto: fused")
+    assert (config.hc_kernels, config.hc_stream_checkpoint) == ("fused", 2)
+    assert note.startswith("hc_kernels auto: fused")
     # torch chosen: the stream checkpoints are the fused seams' own, and the line says so
     config, note = auto.resolve(GPTConfig(hc="mhc", hc_kernels="auto", hc_stream_checkpoint=2), cuda, H200)
     assert (config.hc_kernels, config.hc_stream_checkpoint) == ("torch", 1)
@@ -80,3 +81,11 @@ def test_a_single_state_wiring_resolves_silently_and_auto_is_the_default():
 def test_kernel_backends_run_where_the_wiring_declares_them():
     assert auto.runnable(GPTConfig(hc="residual"), "cuda") == ["torch"]
     assert auto.runnable(GPTConfig(hc="frac"), "cuda") == ["torch"]  # SPEC backends: torch only
+
+
+def test_the_split_seam_design_is_a_path_of_its_own(monkeypatch):
+    """A measurement of the fused seams' split design ("fused-split") is chosen as that design."""
+    monkeypatch.setattr(auto, "measured_steps", lambda: {**STEPS, (H200, "kromhc", "fused-split"): 1.31})
+    monkeypatch.setattr(auto, "runnable", lambda config, device_type: ["torch", "fused", "fused-split"])
+    config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="auto"), torch.device("cuda"), H200)
+    assert (config.hc_kernels, config.hc_seam) == ("fused", "split") and "fused-split for kromhc" in note

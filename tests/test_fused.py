@@ -526,7 +526,8 @@ def test_stream_checkpoints_keep_every_kth_stream(case):
     (dict(hc="kromhc", hc_stream_checkpoint=2), "needs hc_kernels='fused' (or 'auto'), not 'torch'"),
     (dict(hc="kromhc", hc_kernels="fused", hc_stream_checkpoint=0), "must be a positive integer"),
     (dict(hc="residual", hc_kernels="auto", hc_stream_checkpoint=2), "which hc='residual' does not run"),
-    (dict(hc="kromhc", hc_kernels="fused", hc_seam="twopass"), "unknown hc_seam='twopass'; choose one of onepass, split"),
+    (dict(hc="kromhc", hc_kernels="fused", hc_seam="twopass"),
+     "unknown hc_seam='twopass'; choose one of onepass, split"),
 ])
 def test_stream_checkpoint_errors(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):

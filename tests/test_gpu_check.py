@@ -60,12 +60,14 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     # the whole model first, the baseline once, then KromHC and mHC per backend, fused first,
     # each timed with the baseline; then one layer of each on every backend
     kernels = result["kernels"]
-    assert kernels["available"] and kernels["backends"] == ["torch", "liger", "fused"] and kernels["depth"] == 2
+    assert kernels["available"] and kernels["backends"] == ["torch", "liger", "fused", "fused-split"]
+    assert kernels["depth"] == 2
     assert kernels["errors"] == []
     runs = [(r["run"], r["variant"], r["kernels"]) for r in kernels["rows"]]
     assert runs == ([("model D2", "residual", "torch")]
-                    + [("model D2", v, k) for k in ("fused", "torch", "liger") for v in ("kromhc", "mhc")]
-                    + [("layer", v, k) for v in ("mhc", "kromhc") for k in kernels["backends"]])
+                    + [("model D2", v, k) for k in ("fused", "fused-split", "torch", "liger")
+                       for v in ("kromhc", "mhc")]
+                    + [("layer", v, k) for v in ("mhc", "kromhc") for k in ("torch", "liger", "fused")])
     model_rows = [r for r in kernels["rows"] if r["run"] == "model D2"]
     pairs = [r["residual_ms"] for r in model_rows[1:]]
     assert model_rows[0]["median_ms"] == pytest.approx(statistics.median(pairs))
@@ -85,7 +87,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     assert "Where each step's time goes" in md
     from nanochat.memory import code_fingerprint
     assert result["env"]["code"] == code_fingerprint() and f"model code {code_fingerprint()}." in md
-    assert "## Stream kernels: torch, liger, fused" in md
+    assert "## Stream kernels: torch, liger, fused, fused-split" in md
     assert {r["variant"] for r in result["infer"]} == set(TINY_VARIANTS)
     assert "## Inference: prefill and decode" in md
     assert "wrote" in capsys.readouterr().out
@@ -138,7 +140,8 @@ def test_kernels_section_says_why_it_cannot_measure(tmp_path, monkeypatch):
     gpu_check.main(["--out", str(tmp_path), "--tiny", "--sections", "kernels"])
     kernels = json.loads((tmp_path / "gpu_check.json").read_text())["kernels"]
     assert not kernels["available"] and kernels["backends"] == ["torch"] and kernels["rows"] == []
-    assert kernels["reason"] == "liger: Liger-Kernel not installed (pip install -e '.[kernels]'); fused: no CUDA (cpu)"
+    assert kernels["reason"] == ("liger: Liger-Kernel not installed (pip install -e '.[kernels]'); fused: no CUDA (cpu); "
+                                 "fused-split: no CUDA (cpu)")
     assert "Not measured: liger: Liger-Kernel not installed" in (tmp_path / "gpu_check.md").read_text()
 
 

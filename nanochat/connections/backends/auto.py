@@ -21,6 +21,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 MEASUREMENTS = ("docs/gpu_check.json", "docs/gpu_check_fused.json")
 
 
+# A stream path: a backend, and for the fused seams their design (fused.DESIGNS): what a
+# measurement names in its "kernels" column and what `auto` chooses among.
+PATHS = {"torch": dict(hc_kernels="torch"), "liger": dict(hc_kernels="liger"),
+         "fused": dict(hc_kernels="fused", hc_seam="onepass"), "fused-split": dict(hc_kernels="fused", hc_seam="split")}
+
+
+def fields(path):
+    """The config fields of a stream path (PATHS)."""
+    return PATHS[path]
+
+
 class Choice(NamedTuple):
     backend: str
     note: str  # the one line a run logs
@@ -66,9 +77,10 @@ def choose(variant, device_name, runnable, steps=None):
 
 
 def runnable(config, device_type):
-    """The backends that can train `config`'s wiring on `device_type`: torch always; a kernel
-    backend where the wiring declares it (SPEC backends), it is installed and runs on the device
-    (CUDA, or the CPU under Triton's interpreter), and for Liger's kernels n a power of two."""
+    """The stream paths (PATHS) that can train `config`'s wiring on `device_type`: torch always;
+    a kernel backend where the wiring declares it (SPEC backends), it is installed and runs on
+    the device (CUDA, or the CPU under Triton's interpreter), and for Liger's kernels n a power
+    of two; the fused seams in both designs."""
     from nanochat import connections
     from nanochat.connections.backends import fused, liger
     found = ["torch"]
@@ -77,7 +89,7 @@ def runnable(config, device_type):
         if (connections.runs_on(config.hc, name) and module.AVAILABLE and module.runs_on(device_type)
                 and n > 1 and (name != "liger" or not n & (n - 1))):
             found.append(name)
-    return found
+    return found + (["fused-split"] if "fused" in found else [])
 
 
 def resolve(config, device, device_name):
@@ -93,7 +105,7 @@ def resolve(config, device, device_name):
     choice = choose(config.hc, device_name if device.type == "cuda" else None, candidates)
     note = choice.note
     K = config.hc_stream_checkpoint
-    if K > 1 and choice.backend != "fused":
+    if K > 1 and fields(choice.backend)["hc_kernels"] != "fused":
         note += f"; --hc-stream-checkpoint {K} applies to the fused seams only: every stream kept"
         K = 1
-    return dataclasses.replace(config, hc_kernels=choice.backend, hc_stream_checkpoint=K), note
+    return dataclasses.replace(config, **fields(choice.backend), hc_stream_checkpoint=K), note

@@ -41,6 +41,13 @@ PyTorch's fp32 matmuls do (torch.backends.cuda.matmul.allow_tf32), H_res's conve
 combinations never (exact double stochasticity). `hc_recompute` changes nothing here: the
 coefficients are always recomputed in backward.
 
+Two designs (`hc_seam`, docs/kernels.md): "onepass", the above in one kernel a seam; "split",
+two kernels forward, split where the reduction is (the post/res mix, X_{l+1} and its projection;
+then the coefficients and the read of X_{l+1} from memory) and two backward (the reductions over
+the channels; then a streaming pass for the stream gradients), each with a tiling of its own
+(SPLIT_TILING), the same function. And stream checkpoints (`hc_stream_checkpoint` K, `run`):
+backward keeps every K-th stream and recomputes the others.
+
 Every seam is one torch.library custom op forward (nanochat::hc_seam) and one backward, so
 torch.compile sees one node each and compiles the sub-layers between them. As Liger's
 kernels (liger.py), only training reaches them (ops.uses_fused); with TRITON_INTERPRET=1 set
@@ -232,7 +239,9 @@ def describe(constexprs):
     source = SOURCES[c["SOURCE"]] + ("" if c["SOURCE"] == 0 or c["RES_IN"] else " (H_res = I)")
     coef = COEFS[c["COEF"]] + (f" {RES_KINDS[c['RES_KIND']]}" if c["COEF"] == 2 else "")
     read = READS[c["READ"]] + " read" + (", normed" if c["NORM"] else "")
-    return " > ".join((source, coef, read))
+    phase = {1: ", split 1/2", 2: ", split 2/2"}.get(c.get("PHASE", 0), "")
+    rewrite = ", X_next again" if c.get("WRITE_XN") else ""
+    return " > ".join((source, coef, read)) + phase + rewrite
 
 
 @functools.cache
@@ -290,21 +299,26 @@ class Tiling(NamedTuple):
 # for the tensor-core products; its coefficients and read, and the backward's reductions, small
 # programs (16 tokens, the least a tensor-core product takes: the permutation mixtures' and
 # Cayley's tables are products); the backward's streaming pass as the one-pass backward's.
-SPLIT_TILING = {"forward mix": (64, 4, 64), "forward read": (16, 2, 128), "backward reduce": (16, 4, 64),
+SPLIT_TILING = {"forward mix": (64, 4, 64), "forward read": (16, 2, 256), "backward reduce": (16, 4, 256),
                 "backward stream": (32, 4, 64)}
 
 
 def split_phases(seam, backward):
     """The Tilings of the split design's two kernels (forward or backward). The widest H_res
-    maps (more than 16 res logits) take more warps where their gates are computed, as the
-    one-pass backward does (backward_tiling)."""
+    maps (more than 16 res logits) take more warps where their gates are computed, and in
+    the backward's streaming pass (which holds their gradient's columns) half the tokens, as
+    the one-pass backward does (backward_tiling)."""
     names = ("backward reduce", "backward stream") if backward else ("forward mix", "forward read")
     wide = max(1, (seam.kb or 16) // 16)
     out = []
     for name in names:
         block_t, warps, chunk = SPLIT_TILING[name]
-        gates = name in ("forward read", "backward reduce")
-        out.append(Tiling(block_t, warps * (wide if gates else 1), max(16, chunk // kernel_np(seam.n))))
+        if name in ("forward read", "backward reduce"):
+            warps *= wide
+            chunk *= wide if name == "backward reduce" else 1  # the warps' registers, with as many bytes a program in flight
+        elif name == "backward stream":
+            block_t, warps = max(16, block_t // wide), warps * wide
+        out.append(Tiling(block_t, warps, max(16, chunk // kernel_np(seam.n))))
     return out
 
 

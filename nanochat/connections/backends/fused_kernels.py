@@ -28,6 +28,12 @@ Codes of the constexpr switches (fused.Seam holds their names):
             (pre, post, res), 3: the learned head (pre + READ_EPS)
   RES_KIND  (COEF 2) 0: identity, 1: free, 2: Sinkhorn, 3: permutation mixture, 4: Cayley
             (go-mHC; MP: the side of its padded tiles)
+  PHASE     0: the whole seam (the one-pass design); the split design's two kernels:
+            forward 1: X_next and its raw projection (handed over in proj_ptr), 2: from it the
+            coefficients and the read of X_next (given: SOURCE 0); backward 1: the reductions
+            over the channels and the coefficients' gradients (per token, handed over in
+            gxw_ptr and bridge_ptr), 2: the streaming pass for the stream gradients
+  WRITE_XN  (backward) store X_next as it is recomputed (stream checkpoints: it was not kept)
 """
 
 import triton
@@ -580,8 +586,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   tab_ptr, xw_ptr, rstd_ptr, pre_ptr, gxo_ptr, gu_ptr, ghpo_ptr, ghro_ptr, gpre_ptr, gxw_ext_ptr,
                   grstd_ext_ptr, gx_ptr, gy_ptr, ghp_ptr, ghr_ptr, ghread_ptr, gz_ptr, gzx_ptr, gxw_ptr, xn_out_ptr,
                   proj_ptr, bridge_ptr, N, eps, eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
-                  SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr,
-                  SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
+                  SOURCE: tl.constexpr, RES_IN: tl.constexpr, READ: tl.constexpr, COEF: tl.constexpr,
+                  RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr, SK_HIST: tl.constexpr, NUM_GROUPS: tl.constexpr, K: tl.constexpr,
                   A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr,
                   NORM: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,

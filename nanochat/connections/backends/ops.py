@@ -188,11 +188,12 @@ def resolve_kernels(cfg):
 
 def uses_liger(kernels, X):
     """torch and auto: the ops below (a training run decides auto before it builds the model:
-    backends/auto.py); liger: Liger's kernels, only where autograd records, i.e. in training: Triton compiles the kernels again for every
-    token count N (a constexpr of theirs), which training keeps fixed and evaluation changes
-    at nearly every call (CORE's examples, each prompt and decode step, loss and lm_eval
-    batches, the diagnostics), at three compiles per new N. A forward without autograd,
-    where the kernels would save nothing for a backward, runs the torch ops instead."""
+    backends/auto.py); liger: Liger's kernels, only where autograd records, i.e. in
+    training: Triton compiles the kernels again for every token count N (a constexpr of
+    theirs), which training keeps fixed and evaluation changes at nearly every call (CORE's
+    examples, each prompt and decode step, loss and lm_eval batches, the diagnostics), at
+    three compiles per new N. A forward without autograd, where the kernels would save
+    nothing for a backward, runs the torch ops instead."""
     if not torch.is_grad_enabled():
         return False
     return kernels == "liger"
