@@ -23,9 +23,9 @@ import dataclasses
 import math
 import re
 
-# DRAM latency under load, one number for every GPU here: ~0.7 us, the figure of
-# shared/reference/FUSED_HC.md ("~0.7 us at 4.8 TB/s over 132 SMs needs ~25 KB per SM");
-# unloaded pointer-chasing measures less, queueing at high bandwidth adds to it.
+# DRAM latency under load, one number for every GPU here: ~0.7 us, our assumption (unloaded
+# pointer-chasing measures less on Hopper, queueing at high bandwidth adds to it); at 4.8 TB/s
+# over 132 SMs it asks ~25 KB in flight per SM (docs/kernels.md, "Bytes in flight").
 LATENCY_S = 700e-9
 
 
