@@ -12,6 +12,7 @@ Why measurements and not the byte counts: the counts predicted the fused seams a
 residual's step where an H200 measured 1.58x (docs/kernels.md); only a GPU knows.
 """
 
+import dataclasses
 import json
 import os
 from typing import NamedTuple
@@ -96,7 +97,6 @@ def resolve(config, device, device_name):
     """(config with hc_kernels decided, the line to log or None) for a run whose hc_kernels is
     auto on `device` (a GPU named `device_name`). Stream checkpoints (hc_stream_checkpoint) are
     the fused seams' own: on another backend the run keeps every stream, and says so."""
-    import dataclasses
     if config.hc_kernels != "auto":
         return config, None
     candidates = runnable(config, device.type)
