@@ -181,7 +181,8 @@ def test_each_projection_is_one_op_from_bf16_streams_to_fp32(hc, monkeypatch):
 
 @pytest.mark.parametrize("case", [dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc"),
                                   dict(hc="go_mhc", hc_go_s=3),
-                                  dict(hc="mhc_lite", hc_expand="lss", hc_reduce="learned")], ids=case_id)
+                                  dict(hc="mhc_lite", hc_expand="lss", hc_reduce="learned"),
+                                  dict(hc="kromhc", hc_seam="split", hc_stream_checkpoint=2)], ids=case_id)
 def test_fused_seams_keep_bf16_streams_and_fp32_coefficients(case, monkeypatch):
     """hc_kernels='fused' on CUDA: the trunk runs as seams (the custom ops' fake forms on fake
     CUDA tensors: shapes and dtypes as their kernels write them), one per boundary (an off-chip

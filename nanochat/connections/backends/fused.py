@@ -192,6 +192,11 @@ class Seam:
         return self.coef != "none"
 
     @property
+    def kbx(self):
+        """Block B's width in registers: at least a tensor-core product's 16 columns."""
+        return self.kb or 16
+
+    @property
     def on_chip(self):
         return self.coef in ("gates", "head")
 
@@ -200,7 +205,7 @@ class Seam:
         return dict(NS=self.n, NP=kernel_np(self.n), SOURCE=SOURCES.index(self.source), RES_IN=int(self.res_in),
                     READ=READS.index(self.read), COEF=COEFS.index(self.coef), RES_KIND=RES_KINDS.index(self.res_kind),
                     SK_ITERS=self.sk_iters, NUM_GROUPS=self.groups, MP=self.m_pad, K=self.k, A_COLS=self.a_cols,
-                    KA=self.ka, KB=self.kb, KBX=self.kb or 16, READ_EPS=self.read_eps, NORM=self.norm,
+                    KA=self.ka, KB=self.kb, KBX=self.kbx, READ_EPS=self.read_eps, NORM=self.norm,
                     BLOCK_T=BLOCK_T, BLOCK_C=block_c(self.n))
 
     def forward_constexprs(self):
@@ -220,7 +225,7 @@ class Seam:
     @property
     def proj_width(self):
         """The split design's projection hand-over per token: both register blocks and the sum of squares."""
-        return self.ka + (self.kb or 16) + 1
+        return self.ka + self.kbx + 1
 
     @property
     def needs_next(self):
@@ -309,7 +314,7 @@ def split_phases(seam, backward):
     the backward's streaming pass (which holds their gradient's columns) half the tokens, as
     the one-pass backward does (backward_tiling)."""
     names = ("backward reduce", "backward stream") if backward else ("forward mix", "forward read")
-    wide = max(1, (seam.kb or 16) // 16)
+    wide = max(1, seam.kbx // 16)
     out = []
     for name in names:
         block_t, warps, chunk = SPLIT_TILING[name]
