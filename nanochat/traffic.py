@@ -31,6 +31,7 @@ bandwidth.
 import contextlib
 import functools
 import json
+import operator
 import os
 
 import numpy as np
@@ -130,7 +131,9 @@ def graph_bytes(gm, skip, op_bytes):
 
     total, reductions = 0, {}
     for node in gm.graph.nodes:
-        if node not in written or node.op != "call_function":
+        # an element of a custom op's outputs is a buffer of its own (memory._bases), which the
+        # op wrote: taking it moves nothing
+        if node not in written or node.op != "call_function" or node.target is operator.getitem:
             continue
         values = reads(node)
         if {base[v] for v in values} & skip or node in skip:
@@ -281,9 +284,24 @@ def weight_grad_split_at_d12():
 
     fused.weight_grad_grid = grid
     try:
-        yield
+        with mix_splits_at_d12():
+            yield
     finally:
         fused.weight_grad_grid = real
+
+
+@contextlib.contextmanager
+def mix_splits_at_d12():
+    """Within: the split design's mix kernel splits the channels as it does at D12's token count
+    (fused.mix_splits: unsplit there), not as at COUNT_TOKENS' few tiles, so that its partial
+    sums are counted as D=12 writes them."""
+    from nanochat.connections.backends import fused
+    real = fused.mix_splits
+    fused.mix_splits = lambda N, C, tiling: real(D12["tokens"], C, tiling)
+    try:
+        yield
+    finally:
+        fused.mix_splits = real
 
 
 class OpCosts:

@@ -67,6 +67,23 @@ def test_kernels_reading_a_skipped_node_are_left_out():
     assert traffic.graph_bytes(gm, {w}, None) == 2 * 16 * 8 * 4  # exp(x) only
 
 
+@torch.library.custom_op("nanochat::traffic_test_pair", mutates_args=())
+def _pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.clone(), x.clone()
+
+
+@_pair.register_fake
+def _(x):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def test_the_outputs_of_a_custom_op_are_its_bytes_only():
+    """A custom op with two outputs (as the fused seams): its own bytes (given), then one
+    kernel for a * 2; taking its outputs moves nothing, and b is returned as it is."""
+    gm = _graph(lambda x: (lambda a, b: (a * 2, b))(*_pair(x)), torch.randn(256))
+    assert traffic.graph_bytes(gm, set(), lambda node: 1000) == 1000 + 2 * 256 * 4
+
+
 def test_the_floor_predicts_the_issues_figure():
     """21C more per token and sub-layer (C = 768 bf16 values) is about 51 GB per D=12 step,
     10.6 ms at 4.8 TB/s: at 80 % of it, 13.2 ms over residual's 114.4 ms."""
