@@ -75,9 +75,10 @@ class GPTConfig:
     # fused seams: backward keeps the streams at every K-th seam and recomputes the others
     # (connections/backends/fused.py, run); 1 keeps every one
     hc_stream_checkpoint: int = 1
-    # fused seams: onepass (one kernel a seam) or split (two, split where the reduction is:
-    # docs/kernels.md); the same function either way
-    hc_seam: str = "onepass"
+    # fused seams: onepass (one kernel a seam), split (split where the reduction is:
+    # docs/kernels.md), or auto (decided at the start of a run, backends/auto.py; onepass
+    # unresolved); the same function either way
+    hc_seam: str = "auto"
     # Options of every HC variant (connections/trunk.py, hc.py); the first choice of each is
     # the paper's, and what checkpoints written before the options existed ran.
     hc_expand: str = "copy"  # copy | lss (Learned Stream Scaling)

@@ -122,10 +122,11 @@ FLAGS = [
      "fused seams: keep the streams for backward at every K-th seam only and recompute the others from the "
      "sub-layers' outputs (less activation memory for a few more stream passes backward: docs/kernels.md, "
      "\"Memory\"); 1 keeps every one"),
-    ("hc_seam", choice("onepass", "split"), "onepass",
+    ("hc_seam", choice("auto", "onepass", "split"), "auto",
      "fused seams: onepass (one kernel a seam: the mix, the projection, the coefficients and the read) | split (a "
-     "kernel for the mix and the projection, one for the coefficients and the read, each with a tiling of its own: "
-     "docs/kernels.md); the same function either way"),
+     "kernel for the mix and the projection's partial sums, one for the coefficients, one for the read, each with a "
+     "tiling of its own: docs/kernels.md) | auto (the one a GPU of this name measured faster for the variant, "
+     "docs/gpu_measured.md; onepass where nothing is measured); the same function either way"),
     # options of every HC variant beyond the paper (nanochat/connections/trunk.py, hc.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "

@@ -7,8 +7,10 @@ import sys
 
 from nanochat import connections
 from nanochat.common import text_table
+from nanochat.connections.backends import auto
 
-BACKENDS = ("torch", "liger", "fused")
+# The stream paths (backends/auto.PATHS): the fused seams in each design.
+BACKENDS = ("torch", "liger", "fused", "fused-split")
 # The predicted step against the residual baseline's, per variant (the KromHC paper's row and
 # mHC's; every other HC variant 1.25x).
 TARGETS = {"kromhc": 1.15, "mhc": 1.20}
@@ -35,7 +37,7 @@ def cases(args):
     for variant in args.variants:
         if variant == "residual" or not connections.spec(variant).streams:
             continue
-        takes = [k for k in backends if connections.runs_on(variant, k)]
+        takes = [k for k in backends if connections.runs_on(variant, auto.fields(k)["hc_kernels"])]
         if args.hc_pre[0] != "current" and not connections.takes_option(variant, "hc_pre"):
             print(f"skipped {variant}: it does not take hc_pre={args.hc_pre[0]!r} (SPEC options)", flush=True)
             continue
@@ -59,8 +61,10 @@ def run_traffic(args):
     unit = traffic.D12["C"] * traffic.ELEMENT
     rows = []
     for variant, backend in cases(args):
-        found = traffic.connection_bytes(dict(hc=variant, hc_pre=args.hc_pre[0]) if variant != "residual"
-                                         else dict(hc=variant), backend)
+        path = dict(auto.fields(backend))
+        kernels = path.pop("hc_kernels")
+        found = traffic.connection_bytes(dict(hc=variant, hc_pre=args.hc_pre[0], **path) if variant != "residual"
+                                         else dict(hc=variant), kernels)
         rows.append(dict(variant=variant, kernels=backend, fw_bytes=found["fw"], bw_bytes=found["bw"],
                          issued_bytes=found["issued"], total_c=(found["fw"] + found["bw"]) / unit))
         print(f"counted {variant} [{backend}]: {rows[-1]['total_c']:.1f} C", flush=True)

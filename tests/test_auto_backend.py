@@ -89,3 +89,26 @@ def test_the_split_seam_design_is_a_path_of_its_own(monkeypatch):
     monkeypatch.setattr(auto, "runnable", lambda config, device_type: ["torch", "fused", "fused-split"])
     config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="auto"), torch.device("cuda"), H200)
     assert (config.hc_kernels, config.hc_seam) == ("fused", "split") and "fused-split for kromhc" in note
+
+
+def test_a_users_seam_design_is_kept(monkeypatch):
+    """--hc-seam given with --hc-kernels auto: only that design's path competes with torch; with
+    --hc-kernels fused and --hc-seam auto, the design a GPU of this name measured faster, else
+    onepass; on the torch path the design is moot and set to onepass."""
+    measured = {**STEPS, (H200, "kromhc", "fused-split"): 1.31}
+    monkeypatch.setattr(auto, "measured_steps", lambda: measured)
+    monkeypatch.setattr(auto, "runnable", lambda config, device_type: ["torch", "fused", "fused-split"])
+    cuda = torch.device("cuda")
+    config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="auto", hc_seam="onepass"), cuda, H200)
+    assert (config.hc_kernels, config.hc_seam) == ("fused", "onepass") and "fused for kromhc" in note
+    config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="fused", hc_seam="auto"), cuda, H200)
+    assert (config.hc_kernels, config.hc_seam) == ("fused", "split")
+    assert note == ("hc_seam auto: split for kromhc on NVIDIA H200, measured 1.31x residual's step "
+                    "(the other design 1.58x)")
+    config, note = auto.resolve(GPTConfig(hc="mhc", hc_kernels="fused", hc_seam="auto"), cuda, H200)
+    assert config.hc_seam == "onepass" and "no GPU measurement compares the two designs for mhc" in note
+    config, note = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="torch", hc_seam="auto"), cuda, H200)
+    assert (config.hc_kernels, config.hc_seam, note) == ("torch", "onepass", None)
+    config, _ = auto.resolve(GPTConfig(hc="kromhc", hc_kernels="fused", hc_seam="split"), cuda, H200)
+    assert config.hc_seam == "split"
+    assert parse_args([]).hc_seam == "auto"

@@ -96,12 +96,13 @@ def test_bench_defaults_skip_what_a_wiring_refuses(tmp_path, capsys):
 
 def test_traffic_counts_each_wiring_on_the_backends_it_runs_on(capsys):
     args = bench.parse_args(["--traffic", "--variants", "kromhc", STATIC, "gated", "residual",
-                             "--hc-kernels", "torch,liger,fused"])
+                             "--hc-kernels", "torch,liger,fused,fused-split"])
     assert bench_traffic.cases(args) == [("residual", "torch"), ("kromhc", "torch"), ("kromhc", "liger"),
-                                         ("kromhc", "fused"), (STATIC, "torch"), ("gated", "torch")]
-    assert f"skipped {STATIC} on liger, fused" in capsys.readouterr().out
+                                         ("kromhc", "fused"), ("kromhc", "fused-split"), (STATIC, "torch"),
+                                         ("gated", "torch")]
+    assert f"skipped {STATIC} on liger, fused, fused-split" in capsys.readouterr().out
     delayed = bench.parse_args(["--traffic", "--variants", "kromhc", STATIC, "--hc-pre", "delayed"])
-    assert [v for v, _ in bench_traffic.cases(delayed)] == ["residual", "kromhc", "kromhc", "kromhc"]
+    assert [v for v, _ in bench_traffic.cases(delayed)] == ["residual", "kromhc", "kromhc", "kromhc", "kromhc"]
 
 
 def test_kernel_check_compiles_the_wirings_that_declare_the_kernels():

@@ -377,7 +377,7 @@ def build(cfg):
     return StreamConnections(cfg.hc_streams, layers, expand, reduce,
                              getattr(variant, "param_groups", None), spec(cfg.hc).sublayer_prenorm,
                              None if init is None else lambda sublayers: init(cfg, sublayers), kernels,
-                             cfg.hc_stream_checkpoint, cfg.hc_seam)
+                             cfg.hc_stream_checkpoint, "onepass" if cfg.hc_seam == "auto" else cfg.hc_seam)
 
 
 def check_layers(name, layers):

@@ -93,19 +93,50 @@ def runnable(config, device_type):
     return found + (["fused-split"] if "fused" in found else [])
 
 
+def choose_design(variant, device_name, steps=None):
+    """The fused seams' design (a PATHS name, "fused" or "fused-split") for `variant` on the
+    GPU `device_name` when the backend is given and the design is not: the faster of the two
+    where both were measured there, else the one-pass design, and the line saying why."""
+    steps = measured_steps() if steps is None else steps
+    here = {path: steps[(device_name, variant, path)] for path in ("fused", "fused-split")
+            if (device_name, variant, path) in steps}
+    if len(here) < 2:
+        return Choice("fused", f"hc_seam auto: onepass, as no GPU measurement compares the two designs for {variant} "
+                               f"on {device_name or 'this device'}")
+    best = min(here, key=here.get)
+    return Choice(best, f"hc_seam auto: {fields(best)['hc_seam']} for {variant} on {device_name}, measured "
+                        f"{here[best]:.2f}x residual's step (the other design {max(here.values()):.2f}x)")
+
+
 def resolve(config, device, device_name):
-    """(config with hc_kernels decided, the line to log or None) for a run whose hc_kernels is
-    auto on `device` (a GPU named `device_name`). Stream checkpoints (hc_stream_checkpoint) are
-    the fused seams' own: on another backend the run keeps every stream, and says so."""
+    """(config with hc_kernels and hc_seam decided, the line to log or None) for a run on
+    `device` (a GPU named `device_name`): the stream path where hc_kernels is auto, among those
+    of the user's hc_seam where it is given; the design where only hc_seam is auto. Stream
+    checkpoints (hc_stream_checkpoint) are the fused seams' own: on another backend the run
+    keeps every stream, and says so."""
+    gpu = device_name if device.type == "cuda" else None
     if config.hc_kernels != "auto":
-        return config, None
+        if config.hc_seam != "auto":
+            return config, None
+        if config.hc_kernels != "fused":  # the design is the fused seams' only
+            return dataclasses.replace(config, hc_seam="onepass"), None
+        choice = choose_design(config.hc, gpu)
+        return dataclasses.replace(config, **fields(choice.backend)), choice.note
     candidates = runnable(config, device.type)
-    if candidates == ["torch"] and not config.hc_streams > 1:
-        return dataclasses.replace(config, hc_kernels="torch"), None  # a single-state wiring: nothing to choose
-    choice = choose(config.hc, device_name if device.type == "cuda" else None, candidates)
+    if config.hc_seam != "auto":  # the user's design: the paths of other designs are not candidates
+        candidates = [c for c in candidates if fields(c).get("hc_seam", config.hc_seam) == config.hc_seam]
+    if candidates == ["torch"] and not config.hc_streams > 1:  # a single-state wiring: nothing to choose
+        return dataclasses.replace(config, hc_kernels="torch", hc_seam=_design(config)), None
+    choice = choose(config.hc, gpu, candidates)
     note = choice.note
     K = config.hc_stream_checkpoint
     if K > 1 and fields(choice.backend)["hc_kernels"] != "fused":
         note += f"; --hc-stream-checkpoint {K} applies to the fused seams only: every stream kept"
         K = 1
-    return dataclasses.replace(config, **fields(choice.backend), hc_stream_checkpoint=K), note
+    chosen = dict(hc_seam=_design(config)) | fields(choice.backend)
+    return dataclasses.replace(config, **chosen, hc_stream_checkpoint=K), note
+
+
+def _design(config):
+    """The design a run keeps where no path decides it: the user's, else the one-pass design."""
+    return "onepass" if config.hc_seam == "auto" else config.hc_seam

@@ -42,9 +42,10 @@ combinations never (exact double stochasticity). `hc_recompute` changes nothing 
 coefficients are always recomputed in backward.
 
 Two designs (`hc_seam`, docs/kernels.md): "onepass", the above in one kernel a seam; "split",
-two kernels forward, split where the reduction is (the post/res mix, X_{l+1} and its projection;
-then the coefficients and the read of X_{l+1} from memory) and two backward (the reductions over
-the channels; then a streaming pass for the stream gradients), each with a tiling of its own
+three kernels forward, split where the reduction is (the post/res mix, X_{l+1} and its
+projection's partial sums over channel splits; then their sum and the coefficients; then the
+read of X_{l+1} from memory, whole rows in one pass) and two backward (the reductions over the
+channels; then a streaming pass for the stream gradients), each with a tiling of its own
 (SPLIT_TILING), the same function. And stream checkpoints (`hc_stream_checkpoint` K, `run`):
 backward keeps every K-th stream and recomputes the others.
 
@@ -105,9 +106,10 @@ def check(n=None):
 
 
 def check_design(cfg):
-    """hc_seam (config time): one of DESIGNS."""
-    if cfg.hc_seam not in DESIGNS:
-        raise ValueError(f"unknown hc_seam={cfg.hc_seam!r}; choose one of {', '.join(DESIGNS)}")
+    """hc_seam (config time): one of DESIGNS, or "auto" (backends/auto.py decides it at the start
+    of a run; a model built with it unresolved runs the one-pass design)."""
+    if cfg.hc_seam not in (*DESIGNS, "auto"):
+        raise ValueError(f"unknown hc_seam={cfg.hc_seam!r}; choose one of {', '.join(DESIGNS)} or auto")
 
 
 def check_stream_checkpoint(cfg):
@@ -244,7 +246,8 @@ def describe(constexprs):
     source = SOURCES[c["SOURCE"]] + ("" if c["SOURCE"] == 0 or c["RES_IN"] else " (H_res = I)")
     coef = COEFS[c["COEF"]] + (f" {RES_KINDS[c['RES_KIND']]}" if c["COEF"] == 2 else "")
     read = READS[c["READ"]] + " read" + (", normed" if c["NORM"] else "")
-    phase = {1: ", split 1/2", 2: ", split 2/2"}.get(c.get("PHASE", 0), "")
+    kernels = ("reduce", "stream") if "HAS_GXO" in c else ("mix", "gates", "read")  # backward's, forward's
+    phase = f", split: {kernels[c['PHASE'] - 1]}" if c.get("PHASE", 0) else ""
     rewrite = ", X_next again" if c.get("WRITE_XN") else ""
     return " > ".join((source, coef, read)) + phase + rewrite
 
@@ -301,30 +304,56 @@ class Tiling(NamedTuple):
 
 # The split design's kernels, each with a tiling of its own (tokens, warps, channels per chunk
 # times the padded stream count): the forward's mix and projection with >= 64 tokens a program
-# for the tensor-core products; its coefficients and read, and the backward's reductions, small
-# programs (16 tokens, the least a tensor-core product takes: the permutation mixtures' and
-# Cayley's tables are products); the backward's streaming pass as the one-pass backward's.
-SPLIT_TILING = {"forward mix": (64, 4, 64), "forward read": (16, 2, 256), "backward reduce": (16, 4, 256),
+# for the tensor-core products; its coefficients, and the backward's reductions, small programs
+# (16 tokens, the least a tensor-core product takes: the permutation mixtures' and Cayley's
+# tables are products); the backward's streaming pass as the one-pass backward's. The forward's
+# read holds whole rows: its tokens are READ_ROW_ELEMENTS over the padded width.
+SPLIT_TILING = {"forward mix": (64, 4, 64), "forward gates": (16, 2, 16), "backward reduce": (16, 4, 256),
                 "backward stream": (32, 4, 64)}
+READ_ROW_ELEMENTS, READ_WARPS = 2048, 4
+# The mix kernel splits the channels (split-K: partial projections, summed in order by the
+# gates kernel) until it launches at least this many programs, or every split is one chunk:
+# D=12's 32 x 2048 tokens give 1024 programs of 64 tokens, about 8 per SM on 132 SMs, unsplit; a
+# smaller batch or a longer trunk's fewer tokens per GPU split.
+MIN_MIX_PROGRAMS = 1024
+MAX_MIX_SPLITS = 8  # the gates kernel adds the partial sums in an unrolled loop
 
 
-def split_phases(seam, backward):
-    """The Tilings of the split design's two kernels (forward or backward). The widest H_res
-    maps (more than 16 res logits) take more warps where their gates are computed, and in
-    the backward's streaming pass (which holds their gradient's columns) half the tokens, as
-    the one-pass backward does (backward_tiling)."""
-    names = ("backward reduce", "backward stream") if backward else ("forward mix", "forward read")
+class Split(NamedTuple):
+    """The mix kernel's channel splits: how many, and the channels each (a multiple of the chunk)."""
+    count: int
+    channels: int
+
+
+def mix_splits(N, C, tiling):
+    """The Split of a mix kernel of `tiling` over N tokens and C channels: powers of two up to
+    MIN_MIX_PROGRAMS programs, MAX_MIX_SPLITS splits, or a chunk a split."""
+    tiles, chunks = triton_cdiv(N, tiling.block_t), triton_cdiv(C, tiling.block_c)
+    count = 1
+    while tiles * count < MIN_MIX_PROGRAMS and count * 2 <= min(chunks, MAX_MIX_SPLITS):
+        count *= 2
+    return Split(count, triton_cdiv(chunks, count) * tiling.block_c)
+
+
+def split_phases(seam, backward, C):
+    """The Tilings of the split design's kernels (forward: mix, gates and, where the seam
+    reads, read; backward: reduce, stream) at C channels. The widest H_res maps (more than 16
+    res logits) take more warps where their gates are computed, and in the backward's streaming
+    pass (which holds their gradient's columns) half the tokens, as the one-pass backward does
+    (backward_tiling)."""
     wide = max(1, seam.kbx // 16)
-    out = []
-    for name in names:
-        block_t, warps, chunk = SPLIT_TILING[name]
-        if name in ("forward read", "backward reduce"):
-            warps *= wide
-            chunk *= wide if name == "backward reduce" else 1  # the warps' registers, with as many bytes a program in flight
-        elif name == "backward stream":
-            block_t, warps = max(16, block_t // wide), warps * wide
-        out.append(Tiling(block_t, warps, max(16, chunk // kernel_np(seam.n))))
-    return out
+    if not backward:
+        (mix_t, mix_w, mix_c), (gates_t, gates_w, gates_c) = SPLIT_TILING["forward mix"], SPLIT_TILING["forward gates"]
+        out = [Tiling(mix_t, mix_w, max(16, mix_c // kernel_np(seam.n))), Tiling(gates_t, gates_w * wide, gates_c)]
+        if seam.read != "none":
+            width = next_power_of_two(C)
+            out.append(Tiling(max(1, READ_ROW_ELEMENTS // width), READ_WARPS, width))
+        return out
+    (reduce_t, reduce_w, reduce_c), (stream_t, stream_w, stream_c) = (SPLIT_TILING["backward reduce"],
+                                                                      SPLIT_TILING["backward stream"])
+    # the reduce kernel's wider warps keep as many bytes a program in flight
+    return [Tiling(reduce_t, reduce_w * wide, max(16, reduce_c * wide // kernel_np(seam.n))),
+            Tiling(max(16, stream_t // wide), stream_w * wide, max(16, stream_c // kernel_np(seam.n)))]
 
 
 def needs_int64(*tensors):
@@ -378,21 +407,33 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     if not seam.splits:
         kernels().seam_forward[seam_grid(N, BLOCK_T)](
             x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
-            _or(bias, x), _or(table, x), *(_or(o, x) for o in out), x, N, seam.eps, seam.eps_u, C=C,
-            num_warps=NUM_WARPS, PHASE=0, **common, **seam.forward_constexprs())
+            _or(bias, x), _or(table, x), *(_or(o, x) for o in out), x, x, N, seam.eps, seam.eps_u, C=C,
+            num_warps=NUM_WARPS, PHASE=0, SPLITS=1, SPLIT_C=C, **common, **seam.forward_constexprs())
         return out
-    # split: X_next and its projection, then from a second kernel the coefficients and the read
+    # split: X_next and its projection's partial sums over channel splits; their sum and the
+    # coefficients; the read of X_next
     x_next, u, h_post_out, h_res_out, pre, proj, rstd = out
     x_next = x_next if seam.write_x else torch.empty_like(x)
-    mix, read = split_phases(seam, backward=False)
-    kernels().seam_forward[seam_grid(N, mix.block_t)](
-        x, _or(y, x), _or(h_post, x), _or(h_res, x), x, 0, 0, w, x, x, x, x_next, x, x, x, x, x, x, proj, N,
+    mix, gates, *read = split_phases(seam, False, C)
+    split = mix_splits(N, C, mix)
+    part = proj if split.count == 1 else proj.new_empty(split.count, *proj.shape)
+    given = dict(seam.forward_constexprs(), SPLITS=split.count, SPLIT_C=split.channels)
+    kernels().seam_forward[(triton_cdiv(N, mix.block_t), split.count)](
+        x, _or(y, x), _or(h_post, x), _or(h_res, x), x, 0, 0, w, x, x, x, x_next, x, x, x, x, x, x, x, part, N,
         seam.eps, seam.eps_u, C=C, num_warps=mix.warps, PHASE=1, **common,
-        **dict(seam.forward_constexprs(), READ=0, WRITE_X=True, BLOCK_T=mix.block_t, BLOCK_C=mix.block_c))
-    kernels().seam_forward[seam_grid(N, read.block_t)](
-        x_next, x, x, x, _or(h_read, x), *hread_strides, w, scale, bias, _or(table, x), x, u, _or(h_post_out, x),
-        _or(h_res_out, x), pre, x, x, proj, N, seam.eps, seam.eps_u, C=C, num_warps=read.warps, PHASE=2, **common,
-        **dict(seam.forward_constexprs(), SOURCE=0, WRITE_X=False, BLOCK_T=read.block_t, BLOCK_C=read.block_c))
+        **dict(given, READ=0, WRITE_X=True, BLOCK_T=mix.block_t, BLOCK_C=mix.block_c))
+    # (pre stands in for the stream pointers it does not read: a kernel launched with a stream
+    # is held to a streaming kernel's bytes in flight by kernel_check)
+    kernels().seam_forward[seam_grid(N, gates.block_t)](
+        pre, pre, pre, pre, pre, 0, 0, w, scale, bias, _or(table, pre), pre, pre, _or(h_post_out, pre),
+        _or(h_res_out, pre), pre, pre, pre, proj, part, N, seam.eps, seam.eps_u, C=C, num_warps=gates.warps, PHASE=2,
+        **common,
+        **dict(given, SOURCE=0, READ=0, WRITE_X=False, BLOCK_T=gates.block_t, BLOCK_C=gates.block_c))
+    for tiling in read:  # the pre-weights given, or the ones the gates kernel kept (pre)
+        kernels().seam_forward[seam_grid(N, tiling.block_t)](
+            x_next, x, x, x, _or(h_read, x), *hread_strides, x, x, x, x, x, u, x, x, pre, x, x, x, x, N, seam.eps,
+            seam.eps_u, C=C, num_warps=tiling.warps, PHASE=3, **common,
+            **dict(given, SOURCE=0, COEF=0, WRITE_X=False, BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c))
     return out
 
 
@@ -440,7 +481,7 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
         # split: the reductions over the channels (the read weights' and the norm's sums, the
         # coefficients' gradients) per token, then a streaming pass for the stream gradients
         bridge = x.new_empty(N, 3, dtype=torch.float32)
-        for phase, tiling in enumerate(split_phases(seam, backward=True), start=1):
+        for phase, tiling in enumerate(split_phases(seam, True, C), start=1):
             launch.func[seam_grid(N, tiling.block_t)](
                 *launch.args, xw, bridge, N, seam.eps, seam.eps_u, num_warps=tiling.warps, PHASE=phase, **flags,
                 **dict(constexprs, BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c))

@@ -28,11 +28,13 @@ Codes of the constexpr switches (fused.Seam holds their names):
             (pre, post, res), 3: the learned head (pre + READ_EPS)
   RES_KIND  (COEF 2) 0: identity, 1: free, 2: Sinkhorn, 3: permutation mixture, 4: Cayley
             (go-mHC; MP: the side of its padded tiles)
-  PHASE     0: the whole seam (the one-pass design); the split design's two kernels:
-            forward 1: X_next and its raw projection (handed over in proj_ptr), 2: from it the
-            coefficients and the read of X_next (given: SOURCE 0); backward 1: the reductions
-            over the channels and the coefficients' gradients (per token, handed over in
-            gxw_ptr and bridge_ptr), 2: the streaming pass for the stream gradients
+  PHASE     0: the whole seam (the one-pass design); the split design's kernels:
+            forward 1: X_next and its raw projection, per (token tile, channel split): SPLITS
+            partial sums (SPLIT_C channels each) in part_ptr (SPLITS, N, KA + KBX + 1), 2: their
+            sum in order (proj_ptr, kept for backward) and from it the coefficients, 3: the read
+            of X_next (given: SOURCE 0), whole rows (BLOCK_C >= C) in one pass; backward 1: the
+            reductions over the channels and the coefficients' gradients (per token, handed
+            over in gxw_ptr and bridge_ptr), 2: the streaming pass for the stream gradients
   WRITE_XN  (backward) store X_next as it is recomputed (stream checkpoints: it was not kept)
 """
 
@@ -344,6 +346,20 @@ def _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C: tl.constexpr, hp, hr, w
     return sq
 
 
+@triton.jit
+def _read_rows(x_ptr, u_ptr, row, tmask, cols, C: tl.constexpr, weights, eps_u, NORM: tl.constexpr,
+               NS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """u = sum_s w_s X[s] over whole rows (BLOCK_C >= C), through the input norm (NORM): each
+    stream value is loaded once and u, only C wide, stays on chip between its sum of squares
+    and its store."""
+    mask = tmask[:, None] & (cols < C)[None, :]
+    xs = _stream_tiles(x_ptr, row, cols, mask, C, NS)
+    u = _pre_mix(weights, xs, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+    if NORM:
+        u = u * (1.0 / tl.sqrt(tl.sum(u * u, axis=1) / C + eps_u))[:, None]
+    tl.store(u_ptr + row[:, None] * C + cols[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+
+
 # ----- the gates -----
 
 @triton.jit
@@ -475,6 +491,20 @@ def _load_projection(proj_ptr, row, tmask, KA: tl.constexpr, KBX: tl.constexpr):
     return accA, accB, ss
 
 
+@triton.jit
+def _sum_partials(part_ptr, row, tmask, N, KA: tl.constexpr, KBX: tl.constexpr, SPLITS: tl.constexpr,
+                  INT64: tl.constexpr):
+    """The projection from the channel splits' partial sums, added in split order (so the
+    same every run: no atomics)."""
+    accA, accB, ss = _load_projection(part_ptr, row, tmask, KA, KBX)
+    for p in tl.static_range(1, SPLITS):
+        a, b, q = _load_projection(part_ptr, _rows(p * N, INT64) + row, tmask, KA, KBX)
+        accA += a
+        accB += b
+        ss += q
+    return accA, accB, ss
+
+
 # ----- the kernels -----
 
 @triton.jit
@@ -498,48 +528,60 @@ def _tile(hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS: tl.constexp
 
 @triton.jit
 def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, w_ptr, scale_ptr, bias_ptr,
-                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, proj_ptr, N, eps,
+                 tab_ptr, xout_ptr, u_ptr, hpost_out_ptr, hres_out_ptr, pre_ptr, xw_ptr, rstd_ptr, proj_ptr,
+                 part_ptr, N, eps,
                  eps_u, C: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr,
                  READ: tl.constexpr, COEF: tl.constexpr, RES_KIND: tl.constexpr, SK_ITERS: tl.constexpr,
                  NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                  KBX: tl.constexpr, READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, PHASE: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 SPLITS: tl.constexpr, SPLIT_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
-    accA = tl.zeros((BLOCK_T, KA), tl.float32)
-    accB = tl.zeros((BLOCK_T, KBX), tl.float32)
-    ss = tl.zeros((BLOCK_T,), tl.float32)
-    usq = tl.zeros((BLOCK_T,), tl.float32)
-    if PHASE == 2:  # split, second kernel: the first one projected X_next (SOURCE 0: x_ptr is X_next)
-        accA, accB, ss = _load_projection(proj_ptr, row, tmask, KA, KBX)
+    if PHASE == 3:  # split, third kernel: the read of X_next, whole rows (the norm's sum on chip)
+        if READ == 2:
+            read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
+        _read_rows(x_ptr, u_ptr, row, tmask, cols, C, read, eps_u, NORM, NS, BLOCK_T, BLOCK_C)
     else:
-        for c0 in range(0, C, BLOCK_C):
-            cc = c0 + cols
-            cmask = cc < C
-            mask = tmask[:, None] & cmask[None, :]
-            _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
-            if WRITE_X:
-                for s in tl.static_range(NS):
-                    tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
-                             xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
-            if COEF > 0:
-                accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C,
-                                                K, KB, NS, DOT_PRECISION)
-            if READ == 1 and PHASE == 0:
-                u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
-                if NORM:
-                    usq += tl.sum(u * u, axis=1)
-                else:
-                    tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
-    if PHASE == 1:  # split, first kernel: X_next and its projection only
-        _store_projection(proj_ptr, row, tmask, accA, accB, ss, KA, KBX)
-    else:
-        _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hpost_out_ptr, hres_out_ptr,
-                               pre_ptr, xw_ptr, rstd_ptr, row, tmask, cols, idxA, validA, idxB, validB, hp, hr, read,
-                               accA, accB, ss, usq, eps, eps_u, C, NS, NP, SOURCE, RES_IN, READ, COEF, RES_KIND,
-                               SK_ITERS, NUM_GROUPS, K, KA, KBX, READ_EPS, NORM, MP, PHASE, BLOCK_T, BLOCK_C)
+        accA = tl.zeros((BLOCK_T, KA), tl.float32)
+        accB = tl.zeros((BLOCK_T, KBX), tl.float32)
+        ss = tl.zeros((BLOCK_T,), tl.float32)
+        usq = tl.zeros((BLOCK_T,), tl.float32)
+        if PHASE == 2:  # split, second kernel: the first one's partial projections of X_next, summed
+            accA, accB, ss = _sum_partials(part_ptr, row, tmask, N, KA, KBX, SPLITS, INT64)
+            if SPLITS > 1:  # kept for backward (one split: the first kernel wrote it there)
+                _store_projection(proj_ptr, row, tmask, accA, accB, ss, KA, KBX)
+        else:
+            c_lo = 0
+            if PHASE == 1:  # this program's channel split
+                c_lo = tl.program_id(1) * SPLIT_C
+            for c0 in range(0, SPLIT_C, BLOCK_C):
+                cc = c_lo + c0 + cols
+                cmask = cc < C
+                mask = tmask[:, None] & cmask[None, :]
+                _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                if WRITE_X:
+                    for s in tl.static_range(NS):
+                        tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
+                                 xn[s].to(xout_ptr.dtype.element_ty), mask=mask)
+                if COEF > 0:
+                    accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB, C,
+                                                    K, KB, NS, DOT_PRECISION)
+                if READ == 1 and PHASE == 0:
+                    u = _pre_mix(read, xn, x_ptr.dtype.element_ty, NS, BLOCK_T, BLOCK_C)
+                    if NORM:
+                        usq += tl.sum(u * u, axis=1)
+                    else:
+                        tl.store(u_ptr + row[:, None] * C + cc[None, :], u.to(u_ptr.dtype.element_ty), mask=mask)
+        if PHASE == 1:  # split, first kernel: X_next and its split's partial projection only
+            _store_projection(part_ptr, _rows(tl.program_id(1) * N, INT64) + row, tmask, accA, accB, ss, KA, KBX)
+        else:
+            _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hpost_out_ptr, hres_out_ptr,
+                                   pre_ptr, xw_ptr, rstd_ptr, row, tmask, cols, idxA, validA, idxB, validB, hp, hr,
+                                   read, accA, accB, ss, usq, eps, eps_u, C, NS, NP, SOURCE, RES_IN, READ, COEF,
+                                   RES_KIND, SK_ITERS, NUM_GROUPS, K, KA, KBX, READ_EPS, NORM, MP, PHASE, BLOCK_T,
+                                   BLOCK_C)
 
 
 @triton.jit
@@ -551,7 +593,8 @@ def _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hp
                            KA: tl.constexpr, KBX: tl.constexpr, READ_EPS: tl.constexpr, NORM: tl.constexpr,
                            MP: tl.constexpr, PHASE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """The seam forward after its pass over the streams: the coefficients from the projection,
-    then the read of X_next where it needs passes of its own (PHASE 2: every read)."""
+    then the read of X_next where it needs passes of its own (one-pass only: the split design
+    reads in a kernel of its own)."""
     if COEF > 0:
         rstd = 1.0 / tl.sqrt(ss / (NS * C) + eps)
         if COEF == 1:  # the coefficients are computed off chip, from these
@@ -564,21 +607,20 @@ def _coefficients_and_read(x_ptr, y_ptr, u_ptr, scale_ptr, bias_ptr, tab_ptr, hp
             if READ == 2:
                 read = projected
     # The read weights from the projection need all of it first, and the sub-layer's input norm
-    # (NORM) all of u: one or two more passes over the tile, from cache (PHASE 0), or the passes
-    # of the split design's second kernel, whose programs are small enough that its second pass
-    # finds the tile its first one read.
-    ones = tl.full((BLOCK_T,), 1.0, tl.float32)
-    AGAIN: tl.constexpr = READ == 2 or PHASE == 2
-    if NORM:
-        if AGAIN:
-            usq = _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, False, True, NS,
-                             SOURCE, RES_IN, BLOCK_T, BLOCK_C)
-        urstd = 1.0 / tl.sqrt(usq / C + eps_u)
-        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1 and PHASE == 0,
-                   NS, SOURCE, RES_IN, BLOCK_T, BLOCK_C)
-    elif AGAIN and READ > 0:
-        _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, True, True, NS, SOURCE, RES_IN,
-                   BLOCK_T, BLOCK_C)
+    # (NORM) all of u: one or two more passes over the tile, from cache (the split design reads
+    # in a kernel of its own, PHASE 3).
+    if PHASE == 0:
+        ones = tl.full((BLOCK_T,), 1.0, tl.float32)
+        if NORM:
+            if READ == 2:
+                usq = _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, False, True, NS,
+                                 SOURCE, RES_IN, BLOCK_T, BLOCK_C)
+            urstd = 1.0 / tl.sqrt(usq / C + eps_u)
+            _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, urstd, True, READ == 1, NS, SOURCE,
+                       RES_IN, BLOCK_T, BLOCK_C)
+        elif READ == 2:
+            _read_pass(x_ptr, y_ptr, u_ptr, row, tmask, cols, C, hp, hr, read, ones, True, True, NS, SOURCE, RES_IN,
+                       BLOCK_T, BLOCK_C)
 
 
 @triton.jit
