@@ -89,7 +89,7 @@ PROFILES = {
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
                         "--eval-tokens", "512", "--device-type", "cpu"], vocab_train=512, corpus_docs=600,
-                 kernel_layer=dict(batch=2, seq_len=16, width=32), kernel_model=dict(batch=1, seq_len=16),
+                 kernel_layer=dict(batch=2, seq_len=16, width=32), kernel_model=dict(batch=1, seq_len=16, depth=1),
                  infer=dict(depth=1, prefill_lens=[16], batches=[1, 2], prompt_len=8, new_tokens=4),
                  priors={}),
 }
@@ -425,7 +425,9 @@ def kernels_section(prof, variants, wanted, device, dtype, autocast, compile_mod
     memory, the first step's seconds (its compile). Yields the result after each case."""
     backends, missing = kernel_backends(device, wanted)
     out = {"available": bool(set(backends) - {"torch"}), "backends": backends, "missing": missing, "rows": [],
-           "errors": [], "layer": dict(prof["kernel_layer"]), "depth": max(prof["depths"]),
+           "errors": [], "layer": dict(prof["kernel_layer"]),
+           # the largest depth; tiny: one layer, as the interpreter runs every kernel program by program
+           "depth": prof["kernel_model"].get("depth", max(prof["depths"])),
            "batch": prof["kernel_model"]["batch"]}
     if not out["available"]:
         out["reason"] = "; ".join(f"{k}: {why}" for k, why in missing.items())

@@ -7,7 +7,8 @@ small_corpus_dir    ~300 of its documents in many small shards and row groups (1
 tokenizer_dir       a 512-token BPE trained on the offline corpus (with token_bytes.pt)
 make_run            writes a run directory with the checkpoint of a tiny GPT (any config)
 
-`--quick` (bash scripts/test.sh --quick) runs the quick tier, QUICK below, instead of the suite.
+`--quick` (bash scripts/test.sh --quick) runs the quick tier, QUICK below, instead of the suite;
+`--floor` the floor tier, FLOOR below (CI's run on the lowest torch).
 """
 
 import atexit
@@ -66,34 +67,57 @@ QUICK = {
     "test_cli_errors.py": None,  # parse-time errors of every CLI; its runtime mistakes are slow
 }
 
+# The floor tier: what CI runs again on the lowest torch pyproject.toml allows (.ci/run), where an
+# API differs across the supported range: the quick tier, and every file that reaches what moves
+# between torch releases (torch.compile and its graphs, custom ops and their registrations,
+# AOTAutograd's partition the memory planner traces, FlexAttention, torch.distributed, float8,
+# Triton through the kernel backends). Files whose code only calls the stable tensor API are
+# run on the pin alone.
+FLOOR = QUICK | {name: None for name in (
+    "test_attention.py", "test_compile_modes.py", "test_compiled_connections.py", "test_connections_fastpath.py",
+    "test_custom_ops.py", "test_engine.py", "test_fp8.py", "test_fused.py", "test_liger.py", "test_memory.py",
+    "test_optim_2026.py", "test_trunk.py", "test_hc_options.py", "test_loss_eval.py",
+    # the CUDA dry run: on the floor its setup and TF32 tests (its fake CUDA tensors need 2.10+)
+    "test_cuda_dryrun.py", "test_cuda_setup.py", "test_cuda_tf32.py")}
+TIERS = {"quick": QUICK, "floor": FLOOR}
+
+
+def tier(config):
+    """The tier a run selects (TIERS), or None for the whole suite."""
+    return next((TIERS[name] for name in TIERS if config.getoption(name)), None)
+
 
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
                      help="run the quick tier (tests/conftest.py QUICK), not the whole suite")
+    parser.addoption("--floor", action="store_true",
+                     help="run the floor tier (tests/conftest.py FLOOR: CI's run on the lowest torch)")
 
 
 def pytest_ignore_collect(collection_path, config):
-    """Under --quick, the files outside QUICK are not even imported: collecting the whole suite
+    """Under a tier, the files outside it are not even imported: collecting the whole suite
     alone takes about 20 s per worker."""
-    if config.getoption("quick") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return collection_path.name not in QUICK
+    selected = tier(config)
+    if selected is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in selected
     return None
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under --quick, keep QUICK's tests and deselect the rest. A file or a name in QUICK that
+    """Under a tier, keep its tests and deselect the rest. A file or a name in the tier that
     no longer exists is an error, so that the tier cannot shrink unnoticed."""
-    if not config.getoption("quick"):
+    selected = tier(config)
+    if selected is None:
         return
     kept, dropped, matched = [], [], set()
     for item in items:
-        hit = quick_match(item, QUICK.get(item.path.name, ()))
+        hit = quick_match(item, selected.get(item.path.name, ()))
         (kept if hit else dropped).append(item)
         matched.add((item.path.name, hit))
     collected = {item.path.name for item in items}
     here = os.path.dirname(os.path.abspath(__file__))
-    stale = [file for file in QUICK if not os.path.exists(os.path.join(here, file))]
-    stale += [f"{file}::{name}" for file, names in QUICK.items() if names and file in collected
+    stale = [file for file in selected if not os.path.exists(os.path.join(here, file))]
+    stale += [f"{file}::{name}" for file, names in selected.items() if names and file in collected
               for name in names if (file, name) not in matched]
     if stale:
         kept.append(StaleQuickNames.from_parent(items[0].session, name="QUICK", stale=stale))
@@ -111,7 +135,8 @@ class StaleQuickNames(pytest.Item):
         self.stale = stale
 
     def runtest(self):
-        raise AssertionError(f"QUICK in tests/conftest.py names what does not exist: {', '.join(self.stale)}")
+        raise AssertionError(f"the tier (QUICK, FLOOR in tests/conftest.py) names what does not exist: "
+                             f"{', '.join(self.stale)}")
 
     def reportinfo(self):
         return self.path, None, self.name

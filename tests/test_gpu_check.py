@@ -61,14 +61,14 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
     # each timed with the baseline; then one layer of each on every backend
     kernels = result["kernels"]
     assert kernels["available"] and kernels["backends"] == ["torch", "liger", "fused", "fused-split"]
-    assert kernels["depth"] == 2
+    assert kernels["depth"] == 1  # the tiny profile's: one layer in the interpreter
     assert kernels["errors"] == []
     runs = [(r["run"], r["variant"], r["kernels"]) for r in kernels["rows"]]
-    assert runs == ([("model D2", "residual", "torch")]
-                    + [("model D2", v, k) for k in ("fused", "fused-split", "torch", "liger")
+    assert runs == ([("model D1", "residual", "torch")]
+                    + [("model D1", v, k) for k in ("fused", "fused-split", "torch", "liger")
                        for v in ("kromhc", "mhc")]
                     + [("layer", v, k) for v in ("mhc", "kromhc") for k in ("torch", "liger", "fused")])
-    model_rows = [r for r in kernels["rows"] if r["run"] == "model D2"]
+    model_rows = [r for r in kernels["rows"] if r["run"] == "model D1"]
     pairs = [r["residual_ms"] for r in model_rows[1:]]
     assert model_rows[0]["median_ms"] == pytest.approx(statistics.median(pairs))
     for r in model_rows[1:]:
@@ -172,7 +172,7 @@ def test_a_failed_kernel_case_is_an_error_and_the_others_still_run(tmp_path, mon
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = [(r["variant"], r["kernels"]) for r in result["kernels"]["rows"]]
     assert rows == [("residual", "torch"), ("mhc", "torch"), ("frac", "torch")]
-    assert result["errors"] == ["kernels: model D2 mhc [fused]: RuntimeError: planted"]
+    assert result["errors"] == ["kernels: model D1 mhc [fused]: RuntimeError: planted"]
     assert "planted" in (tmp_path / "gpu_check.md").read_text()
 
 
