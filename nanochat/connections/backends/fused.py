@@ -221,7 +221,7 @@ class Seam:
 
     @property
     def splits(self):
-        """Whether this seam runs as the split design's two kernels forward and two backward."""
+        """Whether this seam runs as the split design's kernels: three forward, two backward."""
         return self.design == "split" and self.on_chip
 
     @property
@@ -380,7 +380,7 @@ def _outputs(seam, x):
     N, n, C = x.shape
     f32 = dict(dtype=torch.float32)
     gates, off_chip = seam.coef == "gates", seam.coef == "projection"
-    xw = (N, seam.proj_width) if seam.splits else (N, seam.k)  # split: its first kernel's hand-over, kept
+    xw = (N, seam.proj_width) if seam.splits else (N, seam.k)  # split: the summed hand-over, kept
     return (torch.empty_like(x) if seam.write_x else _empty(x),
             x.new_empty(N, C) if seam.read != "none" else _empty(x),
             x.new_empty(N, n, **f32) if gates else _empty(x),
