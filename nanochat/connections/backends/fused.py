@@ -269,7 +269,13 @@ CHUNK_BACKWARD = 64
 
 def block_c(n, backward=False):
     """Channels per chunk: the backward holds more per channel."""
-    return max(16, (CHUNK_BACKWARD if backward else CHUNK_FORWARD) // kernel_np(n))
+    return channels_per_chunk(CHUNK_BACKWARD if backward else CHUNK_FORWARD, n)
+
+
+def channels_per_chunk(chunk, n):
+    """Channels per chunk of a tiling's `chunk` (channels times the padded stream count), at
+    least the 16 of a tensor-core product."""
+    return max(16, chunk // kernel_np(n))
 
 
 def backward_tiling(kbx):
@@ -344,7 +350,7 @@ def split_phases(seam, backward, C):
     wide = max(1, seam.kbx // 16)
     if not backward:
         (mix_t, mix_w, mix_c), (gates_t, gates_w, gates_c) = SPLIT_TILING["forward mix"], SPLIT_TILING["forward gates"]
-        out = [Tiling(mix_t, mix_w, max(16, mix_c // kernel_np(seam.n))), Tiling(gates_t, gates_w * wide, gates_c)]
+        out = [Tiling(mix_t, mix_w, channels_per_chunk(mix_c, seam.n)), Tiling(gates_t, gates_w * wide, gates_c)]
         if seam.read != "none":
             width = next_power_of_two(C)
             out.append(Tiling(max(1, READ_ROW_ELEMENTS // width), READ_WARPS, width))
@@ -352,8 +358,8 @@ def split_phases(seam, backward, C):
     (reduce_t, reduce_w, reduce_c), (stream_t, stream_w, stream_c) = (SPLIT_TILING["backward reduce"],
                                                                       SPLIT_TILING["backward stream"])
     # the reduce kernel's wider warps keep as many bytes a program in flight
-    return [Tiling(reduce_t, reduce_w * wide, max(16, reduce_c * wide // kernel_np(seam.n))),
-            Tiling(max(16, stream_t // wide), stream_w * wide, max(16, stream_c // kernel_np(seam.n)))]
+    return [Tiling(reduce_t, reduce_w * wide, channels_per_chunk(reduce_c * wide, seam.n)),
+            Tiling(max(16, stream_t // wide), stream_w * wide, channels_per_chunk(stream_c, seam.n))]
 
 
 def needs_int64(*tensors):
