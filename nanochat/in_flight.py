@@ -42,6 +42,7 @@ class GPU:
 A100 = GPU("A100", 80, 2.0e12, 108)
 H100 = GPU("H100", 90, 3.35e12, 132)
 H200 = GPU("H200", 90, 4.8e12, 132)
+GPUS = (A100, H100, H200)
 # The check's GPU per target: the slowest memory that target's binary runs on (the smallest need)
 CHECKED = {80: A100, 90: H100}
 
@@ -197,6 +198,11 @@ def streaming_loads(ptx, num_warps, num_stages=1):
 
 
 # ----- against the need -----
+
+def gpu_named(device_name):
+    """The GPU of GPUS whose name a device's name holds ("NVIDIA H200" -> H200), or None."""
+    return next((g for g in GPUS if g.name in device_name), None)
+
 
 def need_per_sm(gpu, latency=LATENCY_S):
     """Bytes in flight per SM that streaming at `gpu`'s bandwidth needs (Little's law)."""

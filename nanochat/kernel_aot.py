@@ -265,6 +265,23 @@ def estimate(k, cc, gpu=None):
                               gpu or in_flight.CHECKED[cc])
 
 
+def record(k):
+    """A compiled kernel as JSON (`scripts.kernel_check --json`): who launches it, its resources
+    per target, and the bandwidth its bytes in flight allow on each GPU of in_flight.GPUS that
+    runs a target it was compiled for (`scripts.bench --traffic` prices its bytes at that)."""
+    targets = {}
+    for cc, r in k.resources.items():
+        e = estimate(k, cc)
+        targets[str(cc)] = dict(regs=r["regs"], spill=r["spill"], shared=r["shared"], warps=r["warps"],
+                                programs_per_sm=e.programs_per_sm, in_flight_per_program=e.per_program)
+    # one that moves no stream-sized tensor (a hand-over, a table) is not held to the estimate,
+    # whose streaming loop it lacks: kernel_check checks stream kernels only; its peak
+    allows = {g.name: estimate(k, g.cc, g).bandwidth if k.streams else g.bandwidth
+              for g in in_flight.GPUS if g.cc in k.resources}
+    return dict(backend=k.backend, name=k.name, what=k.what, workloads=k.workloads, programs=k.programs,
+                streams=k.streams, targets=targets, allows_bytes_per_s=allows)
+
+
 def failures(compiled):
     """One line per violated check."""
     out = []

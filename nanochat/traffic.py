@@ -31,6 +31,7 @@ bandwidth.
 import contextlib
 import functools
 import json
+import math
 import operator
 import os
 
@@ -157,6 +158,18 @@ class Count:
 
     def __init__(self):
         self.triton = self.issued = self.torch = 0
+        self.kernels = {}  # kernel_key -> the distinct bytes of its launches
+
+
+def kernel_key(fn, kwargs):
+    """(name, what) of a Triton kernel launched with keyword arguments `kwargs`: its function's
+    name and, for a fused seam, which seam (fused.describe: the switches, the split design's
+    phase), as kernel_aot names a compiled kernel (`scripts.kernel_check --json`)."""
+    name = fn.__name__
+    if name.startswith("seam_") and fn.__module__.endswith("fused_kernels"):
+        from nanochat.connections.backends import fused
+        return name, fused.describe(kwargs)
+    return name, ""
 
 
 @contextlib.contextmanager
@@ -195,8 +208,10 @@ def counting():
         with torch.utils._python_dispatch._disable_current_modes():  # the interpreter's own copies
             out = real[3](self, *args, **kwargs)
         sets = launch.pop()
-        for kind in ("load", "store"):
-            count.triton += distinct_bytes(sets[kind])
+        moved = sum(distinct_bytes(sets[kind]) for kind in ("load", "store"))
+        count.triton += moved
+        key = kernel_key(self.fn, kwargs)
+        count.kernels[key] = count.kernels.get(key, 0) + moved
         count.issued += sum(a.size * size for a, size in sets["load"])
         return out
 
@@ -311,6 +326,7 @@ class OpCosts:
     def __init__(self):
         self.cache = {}
         self.issued = 0  # loads issued by the Triton kernels of the calls priced so far
+        self.kernels = {}  # kernel_key -> distinct bytes of that kernel's launches so far
 
     def __call__(self, node):
         key = _op_key(node)
@@ -322,13 +338,15 @@ class OpCosts:
                 args, kwargs = _real_args(node, tokens)
                 with counting() as count, weight_grad_split_at_d12():
                     fn(*args, **kwargs)
-                points.append((count.triton + count.torch, count.issued))
-            (b1, i1), (b2, i2) = points
+                points.append((count.triton + count.torch, count.issued, count.kernels))
+            (b1, i1, k1), (b2, i2, k2) = points
             t1, t2 = COUNT_TOKENS
             at = lambda v1, v2: v1 + (v2 - v1) * (D12["tokens"] - t1) / (t2 - t1)  # noqa: E731
-            self.cache[key] = (at(b1, b2), at(i1, i2))
-        total, issued = self.cache[key]
+            self.cache[key] = (at(b1, b2), at(i1, i2), {k: at(k1.get(k, 0), k2.get(k, 0)) for k in {*k1, *k2}})
+        total, issued, kernels = self.cache[key]
         self.issued += issued
+        for k, moved in kernels.items():
+            self.kernels[k] = self.kernels.get(k, 0) + moved
         return total
 
 
@@ -341,14 +359,16 @@ def branch_weight_nodes(gm):
 
 
 def connection_bytes(fields, kernels):
-    """{"fw", "bw", "issued"}: bytes per token and sub-layer of the D=12 trunk (see the module
-    docstring), forward and backward, and the loads the Triton kernels issue in both."""
+    """{"fw", "bw", "issued", "kernels"}: bytes per token and sub-layer of the D=12 trunk (see
+    the module docstring), forward and backward, the loads the Triton kernels issue in both, and
+    the distinct bytes per Triton kernel ("name|what": kernel_key), which are part of fw + bw."""
     fw, bw = trace(fields, kernels)
     costs = OpCosts()
     per = D12["tokens"] * 2 * D12["n_layer"]
     out = {"fw": graph_bytes(fw, branch_weight_nodes(fw), costs) / per}
     out["bw"] = graph_bytes(bw, branch_weight_nodes(bw), costs) / per
     out["issued"] = costs.issued / per
+    out["kernels"] = {"|".join(k): v / per for k, v in sorted(costs.kernels.items())}
     return out
 
 
@@ -367,6 +387,43 @@ def residual_step(path=None):
     rows += [r for r in (result.get("kernels") or {}).get("rows", []) if r.get("run") == f"model D{D12['n_layer']}"
              and r["variant"] == "residual" and "median_ms" in r]
     return rows[0]["median_ms"], result["env"]["device_name"]
+
+
+def kernels_record(path=None):
+    """The kernels of a `scripts.kernel_check --json` run (docs/kernels.json), or None where
+    there is none."""
+    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "kernels.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["kernels"]
+
+
+def allowed_bandwidths(record, workload, device_name):
+    """{"name|what": bytes/s} that each compiled kernel's bytes in flight allow on the GPU named
+    `device_name` (nanochat/in_flight.py), from `record` (kernels_record): the kernels `workload`
+    launches (kernel_aot's labels: "kromhc", "kromhc split", ...), and after them any other
+    kernel of the same name and seam, at its least where several were compiled."""
+    from nanochat import in_flight
+    gpu = in_flight.gpu_named(device_name)
+    out = {}
+    for own in (True, False):
+        found = {}
+        for k in record if gpu else ():
+            key = f"{k['name']}|{k['what']}"
+            if (workload in k["workloads"]) == own and key not in out and gpu.name in k["allows_bytes_per_s"]:
+                found[key] = min(found.get(key, math.inf), k["allows_bytes_per_s"][gpu.name])
+        out.update(found)
+    return out
+
+
+def in_flight_extra(kernel_bytes, allowed, device_bandwidth):
+    """(bytes, unpriced): what moving each kernel's `kernel_bytes` at the bandwidth its bytes in
+    flight allow (`allowed`, at most the GPU's) adds, as bytes at the GPU's bandwidth, and the
+    kernels `allowed` lacks (priced at the GPU's bandwidth)."""
+    extra = sum(b * (device_bandwidth / min(allowed[k], device_bandwidth) - 1)
+                for k, b in kernel_bytes.items() if k in allowed)
+    return extra, sorted(k for k in kernel_bytes if k not in allowed)
 
 
 def predicted_ratio(extra_bytes, step_ms, device_bandwidth):

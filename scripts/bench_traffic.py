@@ -53,11 +53,21 @@ def cases(args):
 DEPTHS = (20, 26)
 
 
+def workload(variant, backend, pre):
+    """kernel_aot's label of the run whose kernels a row's (scripts.kernel_check --json): the
+    variant, its delayed pre-weights, the split design."""
+    return variant + (" delayed" if pre == "delayed" else "") + (" split" if backend == "fused-split" else "")
+
+
 def run_traffic(args):
     interpreter_on()
     from nanochat import traffic
     step_ms, device = traffic.residual_step()
     bandwidth = traffic.bandwidth(device)
+    record = traffic.kernels_record()
+    if record is None:
+        print("no docs/kernels.json (python -m scripts.kernel_check --json docs/kernels.json): the predictions "
+              "leave out the bytes in flight", flush=True)
     unit = traffic.D12["C"] * traffic.ELEMENT
     rows = []
     for variant, backend in cases(args):
@@ -66,13 +76,22 @@ def run_traffic(args):
         found = traffic.connection_bytes(dict(hc=variant, hc_pre=args.hc_pre[0], **path) if variant != "residual"
                                          else dict(hc=variant), kernels)
         rows.append(dict(variant=variant, kernels=backend, fw_bytes=found["fw"], bw_bytes=found["bw"],
-                         issued_bytes=found["issued"], total_c=(found["fw"] + found["bw"]) / unit))
+                         issued_bytes=found["issued"], total_c=(found["fw"] + found["bw"]) / unit,
+                         kernel_bytes=found["kernels"]))
         print(f"counted {variant} [{backend}]: {rows[-1]['total_c']:.1f} C", flush=True)
     residual = rows[0]["fw_bytes"] + rows[0]["bw_bytes"]
     for row in rows:
         row["extra_c"] = (row["fw_bytes"] + row["bw_bytes"] - residual) / unit
         row["predicted_vs_residual"] = traffic.predicted_ratio(row["extra_c"] * unit, step_ms, bandwidth)
         row["predicted_at_depth"] = {d: traffic.depth_ratio(row["predicted_vs_residual"], d) for d in DEPTHS}
+        # the same, each Triton kernel's bytes moved at what its bytes in flight allow on this GPU
+        if record is not None:
+            allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], args.hc_pre[0]),
+                                                 device)
+            slower, row["unpriced_kernels"] = traffic.in_flight_extra(row["kernel_bytes"], allowed, bandwidth)
+            row["predicted_in_flight"] = traffic.predicted_ratio(row["extra_c"] * unit + slower, step_ms, bandwidth)
+            row["in_flight_limited_kernels"] = sorted(k for k in row["kernel_bytes"]
+                                                      if k in allowed and allowed[k] < bandwidth)
         row["target"] = None if row["variant"] == "residual" else TARGETS.get(row["variant"], OTHER_TARGET)
     return dict(rows=rows, residual_step_ms=step_ms, device=device, bandwidth=bandwidth, unit_bytes=unit,
                 pre=args.hc_pre[0])
@@ -80,10 +99,11 @@ def run_traffic(args):
 
 def print_traffic(result):
     unit = result["unit_bytes"]
-    header = ["variant", "kernels", "fwd C", "bwd C", "total C", "extra C", "predicted x residual", "target",
-              "loads issued C", *(f"predicted at D={d}" for d in DEPTHS)]
+    header = ["variant", "kernels", "fwd C", "bwd C", "total C", "extra C", "predicted x residual",
+              "predicted, in flight", "target", "loads issued C", *(f"predicted at D={d}" for d in DEPTHS)]
     lines = [[r["variant"], r["kernels"], f"{r['fw_bytes'] / unit:.1f}", f"{r['bw_bytes'] / unit:.1f}",
               f"{r['total_c']:.1f}", f"{r['extra_c']:+.1f}", f"{r['predicted_vs_residual']:.3f}",
+              f"{r['predicted_in_flight']:.3f}" if r.get("predicted_in_flight") else "-",
               "-" if r["target"] is None else f"<= {r['target']:.2f}",
               f"{r['issued_bytes'] / unit:.1f}" if r["issued_bytes"] else "-",
               *(f"{r['predicted_at_depth'][d]:.3f}" for d in DEPTHS)] for r in result["rows"]]
@@ -92,4 +112,12 @@ def print_traffic(result):
           f"{result['device']}) plus the extra bytes at 80 % of {result['bandwidth'] / 1e12:.2f} TB/s")
     print(text_table(header, lines))
     print("floor (docs/kernels.md): residual about 8 C, an ideal fused HC layer about 29 C; 'loads issued' counts "
-          "a tile read twice by a kernel twice (the distinct bytes assume the second read hits the cache)")
+          "a tile read twice by a kernel twice (the distinct bytes assume the second read hits the cache); "
+          "'in flight': each Triton kernel's bytes at the bandwidth its bytes in flight allow on this GPU "
+          "(docs/kernels.json, nanochat/in_flight.py), no more than 80 % of it")
+    limited = sorted({k for r in result["rows"] for k in r.get("in_flight_limited_kernels", [])})
+    if limited:
+        print("kernels below the GPU's need of bytes in flight: " + "; ".join(k.replace("|", ": ") for k in limited))
+    unpriced = sorted({k for r in result["rows"] for k in r.get("unpriced_kernels", [])})
+    if unpriced:
+        print("not in docs/kernels.json (priced at the GPU's bandwidth): " + "; ".join(unpriced))

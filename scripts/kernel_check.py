@@ -8,6 +8,9 @@ need.
 
 python -m scripts.kernel_check                 # the table; exit 1 when a check fails
 python -m scripts.kernel_check --markdown FILE # also the table as Markdown (docs/kernels.md)
+python -m scripts.kernel_check --json FILE     # also every kernel's resources and the bandwidth
+                                               # its bytes in flight allow per GPU
+                                               # (docs/kernels.json, read by bench --traffic)
 
 Needs Triton (pip install -e '.[kernels]'), a few GB of memory (the D=12 tensors the
 launches are recorded with) and a few minutes; not TRITON_INTERPRET, which replaces the
@@ -27,6 +30,7 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--markdown", default="", help="also write the table as Markdown to this path")
+    p.add_argument("--json", default="", help="also write every kernel's resources and estimate as JSON to this path")
     p.add_argument("--backends", nargs="+", choices=("fused", "liger"), default=["fused", "liger"],
                    help="whose kernels (default both; liger needs Liger-Kernel installed)")
     p.add_argument("--targets", nargs="+", type=int, choices=(80, 90), default=[80, 90],
@@ -85,6 +89,12 @@ def main(argv=None):
         with open(args.markdown, "w") as f:
             f.write(markdown(head, body))
         print(f"wrote {args.markdown}")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(dict(triton=triton.__version__, kernels=[kernel_aot.record(k) for k in compiled]), f, indent=1)
+            f.write("\n")
+        print(f"wrote {args.json}")
     problems = kernel_aot.failures(compiled)
     for line in problems:
         print(f"FAIL: {line}")

@@ -41,6 +41,26 @@ def test_checks_name_each_violation(case, expect):
     assert any(expect in line for line in lines), lines
 
 
+def test_a_record_gives_each_gpu_the_bandwidth_its_bytes_in_flight_allow():
+    """kernel_check --json: per target the resources and the estimate; per GPU of its targets
+    what the estimate allows. Two programs of 255 registers x 6 KiB: 12 KiB per SM, 2.26 TB/s
+    over an H100's or H200's 132 SMs at 700 ns, 1.85 over an A100's 108; 8 KiB programs at 64
+    registers: 8 per SM, over every GPU's need, which each then allows its peak."""
+    import json
+    from nanochat import in_flight
+    short = json.loads(json.dumps(kernel_aot.record(compiled(regs=255, loaded=6144))))
+    assert short["targets"]["90"] == dict(regs=255, spill=0, shared=0, warps=4, programs_per_sm=2,
+                                          in_flight_per_program=6144)
+    sms = {g.name: g.sms for g in in_flight.GPUS}
+    assert short["allows_bytes_per_s"] == pytest.approx({g: 12288 * sms[g] / 700e-9 for g in ("A100", "H100", "H200")})
+    fast = kernel_aot.record(compiled(loaded=8192))
+    assert fast["allows_bytes_per_s"] == {g.name: g.bandwidth for g in in_flight.GPUS}
+    # a kernel that moves no stream (a hand-over) is not held to the estimate: its peak
+    hand_over = kernel_aot.record(compiled(streams=False, regs=255, loaded=0))
+    assert hand_over["allows_bytes_per_s"] == {g.name: g.bandwidth for g in in_flight.GPUS}
+    assert (fast["name"], fast["what"], fast["workloads"]) == ("seam_forward", "entry", ["kromhc"])
+
+
 def test_touches_streams_means_at_least_a_d12_stream():
     import torch
     tokens = kernel_aot.D12["B"] * kernel_aot.D12["T"]

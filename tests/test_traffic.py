@@ -33,6 +33,51 @@ def test_a_launch_counts_distinct_addresses_and_issued_loads():
     torch.testing.assert_close(y, 2 * x)
 
 
+def test_each_kernel_keeps_its_own_bytes():
+    """The distinct bytes per kernel (traffic.kernel_key) add up to the launches' total, two
+    launches of one kernel in one entry."""
+    x, y = torch.randn(20), torch.empty(20)
+    with traffic.counting() as count:
+        _read_twice_write_once[(2,)](x, y, 20, BLOCK=16)
+        _read_twice_write_once[(1,)](x[:8], y[:8], 8, BLOCK=16)
+    assert count.kernels == {("_read_twice_write_once", ""): 2 * 20 * 4 + 2 * 8 * 4}
+    assert sum(count.kernels.values()) == count.triton
+
+
+def test_a_seam_kernel_is_named_by_its_seam(monkeypatch):
+    """The fused seams' kernels are keyed as kernel_check names them: the seam's switches."""
+    from nanochat.connections.backends import fused, fused_kernels
+    kwargs = dict(SOURCE=1, RES_IN=1, COEF=2, RES_KIND=3, READ=2, NORM=1, PHASE=1, num_warps=4)
+    assert traffic.kernel_key(fused_kernels.seam_forward.fn, kwargs) == ("seam_forward", fused.describe(kwargs))
+    assert fused.describe(kwargs) == "post > gates permutations > projected read, normed, split: mix"
+    assert traffic.kernel_key(_read_twice_write_once.fn, kwargs) == ("_read_twice_write_once", "")
+
+
+def _compiled(name, what, workloads, allows):
+    return dict(name=name, what=what, workloads=workloads, allows_bytes_per_s=allows)
+
+
+def test_a_kernels_bandwidth_is_its_workloads_own_then_any_of_its_name():
+    record = [_compiled("seam_forward", "a", ["kromhc"], {"H200": 4.0e12, "H100": 3.0e12}),
+              _compiled("seam_forward", "a", ["mhc"], {"H200": 2.0e12, "H100": 2.0e12}),
+              _compiled("seam_forward", "b", ["mhc"], {"H200": 3.0e12}),
+              _compiled("seam_forward", "b", ["hc"], {"H200": 1.0e12}),
+              _compiled("seam_backward", "a", ["kromhc", "mhc"], {"H200": 4.8e12})]
+    found = traffic.allowed_bandwidths(record, "kromhc", "NVIDIA H200")
+    # its own "a" (not mhc's slower one); "b" from the others, the least of them
+    assert found == {"seam_forward|a": 4.0e12, "seam_forward|b": 1.0e12, "seam_backward|a": 4.8e12}
+    assert traffic.allowed_bandwidths(record, "mhc", "NVIDIA H100 80GB HBM3") == {"seam_forward|a": 2.0e12}
+    assert traffic.allowed_bandwidths(record, "kromhc", "Tesla T4") == {}
+
+
+def test_bytes_below_their_need_of_bytes_in_flight_cost_as_more_bytes():
+    """A kernel whose bytes in flight allow half the GPU's bandwidth takes twice its time: its
+    bytes count once more; one the record lacks is priced at the GPU's bandwidth and named."""
+    extra, unpriced = traffic.in_flight_extra({"k|a": 100.0, "k|b": 50.0, "k|c": 7.0},
+                                              {"k|a": 2.4e12, "k|b": 9e12}, 4.8e12)
+    assert extra == pytest.approx(100.0) and unpriced == ["k|c"]
+
+
 def test_pytorch_ops_count_inputs_and_outputs_but_not_allocations_or_views():
     x = torch.randn(8, 4)
     with traffic.counting() as count:
@@ -134,3 +179,9 @@ def test_the_traffic_table_predicts_the_wider_trunks(capsys):
                                      device="NVIDIA H200", bandwidth=4.8e12))
     out = capsys.readouterr().out
     assert "predicted at D=20" in out and f"{traffic.depth_ratio(1.07, 26):.3f}" in out
+    assert "predicted, in flight" in out and "below the GPU's need" not in out
+    row.update(predicted_in_flight=1.093, in_flight_limited_kernels=["seam_backward|post > none > given read"])
+    bench_traffic.print_traffic(dict(rows=[row], unit_bytes=1536, pre="current", residual_step_ms=115.0,
+                                     device="NVIDIA H200", bandwidth=4.8e12))
+    out = capsys.readouterr().out
+    assert "1.093" in out and "below the GPU's need of bytes in flight: seam_backward: post > none > given read" in out
