@@ -59,6 +59,18 @@ def workload(variant, backend, pre):
     return variant + (" delayed" if pre == "delayed" else "") + (" split" if backend == "fused-split" else "")
 
 
+def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
+    """A row's step predicted with each Triton kernel's bytes moved at what its bytes in flight
+    allow on `device` (record: traffic.kernels_record), and which kernels that slows or the
+    record lacks."""
+    from nanochat import traffic
+    allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], pre), device)
+    slower, unpriced = traffic.in_flight_extra(row["kernel_bytes"], allowed, bandwidth)
+    return dict(predicted_in_flight=traffic.predicted_ratio(row["extra_c"] * unit + slower, step_ms, bandwidth),
+                unpriced_kernels=unpriced,
+                in_flight_limited_kernels=sorted(k for k in row["kernel_bytes"] if allowed.get(k, bandwidth) < bandwidth))
+
+
 def run_traffic(args):
     interpreter_on()
     from nanochat import traffic
@@ -84,14 +96,8 @@ def run_traffic(args):
         row["extra_c"] = (row["fw_bytes"] + row["bw_bytes"] - residual) / unit
         row["predicted_vs_residual"] = traffic.predicted_ratio(row["extra_c"] * unit, step_ms, bandwidth)
         row["predicted_at_depth"] = {d: traffic.depth_ratio(row["predicted_vs_residual"], d) for d in DEPTHS}
-        # the same, each Triton kernel's bytes moved at what its bytes in flight allow on this GPU
         if record is not None:
-            allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], args.hc_pre[0]),
-                                                 device)
-            slower, row["unpriced_kernels"] = traffic.in_flight_extra(row["kernel_bytes"], allowed, bandwidth)
-            row["predicted_in_flight"] = traffic.predicted_ratio(row["extra_c"] * unit + slower, step_ms, bandwidth)
-            row["in_flight_limited_kernels"] = sorted(k for k in row["kernel_bytes"]
-                                                      if k in allowed and allowed[k] < bandwidth)
+            row.update(in_flight_prediction(row, record, args.hc_pre[0], step_ms, device, bandwidth, unit))
         row["target"] = None if row["variant"] == "residual" else TARGETS.get(row["variant"], OTHER_TARGET)
     return dict(rows=rows, residual_step_ms=step_ms, device=device, bandwidth=bandwidth, unit_bytes=unit,
                 pre=args.hc_pre[0])

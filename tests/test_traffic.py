@@ -78,6 +78,22 @@ def test_bytes_below_their_need_of_bytes_in_flight_cost_as_more_bytes():
     assert extra == pytest.approx(100.0) and unpriced == ["k|c"]
 
 
+def test_a_rows_in_flight_prediction_slows_only_its_short_kernels():
+    """A split KromHC row (kernel_aot's workload "kromhc split") with one kernel allowed half of
+    an H200: its bytes count twice; a kernel of another design's is not taken for it."""
+    from scripts import bench_traffic
+    record = [_compiled("seam_forward", "mix", ["kromhc split"], {"H200": 2.4e12}),
+              _compiled("seam_forward", "mix", ["kromhc"], {"H200": 4.8e12}),
+              _compiled("seam_backward", "stream", ["kromhc split"], {"H200": 4.8e12})]
+    unit = 1536
+    row = dict(variant="kromhc", kernels="fused-split", extra_c=20.0,
+               kernel_bytes={"seam_forward|mix": 3.0 * unit, "seam_backward|stream": 9.0 * unit, "other|": unit})
+    found = bench_traffic.in_flight_prediction(row, record, "current", 115.0, "NVIDIA H200", 4.8e12, unit)
+    assert found["predicted_in_flight"] == pytest.approx(traffic.predicted_ratio(23.0 * unit, 115.0, 4.8e12))
+    assert found["in_flight_limited_kernels"] == ["seam_forward|mix"] and found["unpriced_kernels"] == ["other|"]
+    assert bench_traffic.workload("kromhc", "fused", "delayed") == "kromhc delayed"
+
+
 def test_pytorch_ops_count_inputs_and_outputs_but_not_allocations_or_views():
     x = torch.randn(8, 4)
     with traffic.counting() as count:
