@@ -159,6 +159,10 @@ class Count:
     def __init__(self):
         self.triton = self.issued = self.torch = 0
         self.kernels = {}  # kernel_key -> the distinct bytes of its launches
+        # loads a program issues again at addresses of per-token tensors it has loaded before:
+        # its second passes over its own tile, which a GPU finds in L2 only while the programs
+        # resident together have not pushed the tile out (docs/kernels.md, "Two seam designs")
+        self.reread = 0
 
 
 def kernel_key(fn, kwargs):
@@ -172,23 +176,59 @@ def kernel_key(fn, kwargs):
     return name, ""
 
 
+def token_spans(args, tokens):
+    """[(first address, end)] of the tensors among `args` whose first dimension is `tokens`: the
+    per-token data (streams, their gradients, per-token coefficients), not the weights and
+    tables every program shares."""
+    return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+            for t in torch.utils._pytree.tree_leaves(args)
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == tokens]
+
+
+def reread_bytes(loads, spans):
+    """Bytes among one program's `loads` ((addresses, element size) groups) issued at an address
+    of `spans` that the program had loaded before."""
+    out = 0
+    for size in {s for _, s in loads}:
+        found = np.concatenate([a for a, s in loads if s == size])
+        inside = np.zeros(found.shape, bool)
+        for lo, hi in spans:
+            inside |= (found >= lo) & (found < hi)
+        found = found[inside]
+        out += (found.size - np.unique(found).size) * size
+    return out
+
+
 @contextlib.contextmanager
-def counting():
+def counting(tokens=None):
     """Within: a Count of every Triton kernel launched in the interpreter (TRITON_INTERPRET=1)
-    and every PyTorch op dispatched outside them."""
+    and every PyTorch op dispatched outside them; with `tokens` (the token count of the tensors
+    passed), each program's re-reads of per-token tensors too (Count.reread)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime import interpreter
 
     count = Count()
     launch = []  # the address sets of the launch in flight
     builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
-    real = builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw, executor.__call__
+    real = (builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw, executor.__call__,
+            builder.set_grid_idx)
 
     def touched(kind, ptrs, mask):
         if launch:
             size = ptrs.get_element_ty().primitive_bitwidth // 8
             addresses = ptrs.data[mask.data] if mask is not None else ptrs.data.ravel()
             launch[-1][kind].append((np.asarray(addresses).ravel(), size))
+            if kind == "load":
+                launch[-1]["program"].append(launch[-1]["load"][-1])
+
+    def program_done():
+        if launch and launch[-1]["program"]:
+            count.reread += reread_bytes(launch[-1]["program"], launch[-1]["spans"])
+            launch[-1]["program"] = []
+
+    def next_program(self, *idx):  # the interpreter runs a launch's programs one after another
+        program_done()
+        return real[4](self, *idx)
 
     def load(self, ptrs, mask, other, *args):
         touched("load", ptrs, mask)
@@ -204,9 +244,11 @@ def counting():
         return real[2](self, op, ptrs, value, mask, *args)
 
     def run(self, *args, **kwargs):
-        launch.append({"load": [], "store": []})
+        spans = token_spans((args, kwargs), tokens) if tokens else []
+        launch.append({"load": [], "store": [], "program": [], "spans": spans})
         with torch.utils._python_dispatch._disable_current_modes():  # the interpreter's own copies
             out = real[3](self, *args, **kwargs)
+        program_done()
         sets = launch.pop()
         moved = sum(distinct_bytes(sets[kind]) for kind in ("load", "store"))
         count.triton += moved
@@ -225,12 +267,13 @@ def counting():
             return out
 
     builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw = load, store, atomic
-    executor.__call__ = run
+    executor.__call__, builder.set_grid_idx = run, next_program
     try:
         with Ops():
             yield count
     finally:
-        builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw, executor.__call__ = real
+        (builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw, executor.__call__,
+         builder.set_grid_idx) = real
 
 
 def distinct_bytes(accesses):
@@ -327,6 +370,7 @@ class OpCosts:
         self.cache = {}
         self.issued = 0  # loads issued by the Triton kernels of the calls priced so far
         self.kernels = {}  # kernel_key -> distinct bytes of that kernel's launches so far
+        self.reread = 0  # Count.reread of the calls priced so far
 
     def __call__(self, node):
         key = _op_key(node)
@@ -336,15 +380,17 @@ class OpCosts:
             points = []
             for tokens in COUNT_TOKENS:
                 args, kwargs = _real_args(node, tokens)
-                with counting() as count, weight_grad_split_at_d12():
+                with counting(tokens) as count, weight_grad_split_at_d12():
                     fn(*args, **kwargs)
-                points.append((count.triton + count.torch, count.issued, count.kernels))
-            (b1, i1, k1), (b2, i2, k2) = points
+                points.append((count.triton + count.torch, count.issued, count.reread, count.kernels))
+            (b1, i1, r1, k1), (b2, i2, r2, k2) = points
             t1, t2 = COUNT_TOKENS
             at = lambda v1, v2: v1 + (v2 - v1) * (D12["tokens"] - t1) / (t2 - t1)  # noqa: E731
-            self.cache[key] = (at(b1, b2), at(i1, i2), {k: at(k1.get(k, 0), k2.get(k, 0)) for k in {*k1, *k2}})
-        total, issued, kernels = self.cache[key]
+            self.cache[key] = (at(b1, b2), at(i1, i2), at(r1, r2),
+                               {k: at(k1.get(k, 0), k2.get(k, 0)) for k in {*k1, *k2}})
+        total, issued, reread, kernels = self.cache[key]
         self.issued += issued
+        self.reread += reread
         for k, moved in kernels.items():
             self.kernels[k] = self.kernels.get(k, 0) + moved
         return total
@@ -359,15 +405,17 @@ def branch_weight_nodes(gm):
 
 
 def connection_bytes(fields, kernels):
-    """{"fw", "bw", "issued", "kernels"}: bytes per token and sub-layer of the D=12 trunk (see
-    the module docstring), forward and backward, the loads the Triton kernels issue in both, and
-    the distinct bytes per Triton kernel ("name|what": kernel_key), which are part of fw + bw."""
+    """{"fw", "bw", "issued", "reread", "kernels"}: bytes per token and sub-layer of the D=12
+    trunk (see the module docstring), forward and backward, the loads the Triton kernels issue
+    in both, the loads by which their programs read their own per-token data again (Count.reread),
+    and the distinct bytes per Triton kernel ("name|what": kernel_key), part of fw + bw."""
     fw, bw = trace(fields, kernels)
     costs = OpCosts()
     per = D12["tokens"] * 2 * D12["n_layer"]
     out = {"fw": graph_bytes(fw, branch_weight_nodes(fw), costs) / per}
     out["bw"] = graph_bytes(bw, branch_weight_nodes(bw), costs) / per
     out["issued"] = costs.issued / per
+    out["reread"] = costs.reread / per
     out["kernels"] = {"|".join(k): v / per for k, v in sorted(costs.kernels.items())}
     return out
 

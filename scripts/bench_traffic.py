@@ -67,7 +67,7 @@ def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
     allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], pre), device)
     slower, unpriced = traffic.in_flight_extra(row["kernel_bytes"], allowed, bandwidth)
     return dict(predicted_in_flight=traffic.predicted_ratio(row["extra_c"] * unit + slower, step_ms, bandwidth),
-                unpriced_kernels=unpriced,
+                slower_bytes=slower, unpriced_kernels=unpriced,
                 in_flight_limited_kernels=sorted(k for k in row["kernel_bytes"] if allowed.get(k, bandwidth) < bandwidth))
 
 
@@ -89,15 +89,20 @@ def run_traffic(args):
                                          else dict(hc=variant), kernels)
         rows.append(dict(variant=variant, kernels=backend, fw_bytes=found["fw"], bw_bytes=found["bw"],
                          issued_bytes=found["issued"], total_c=(found["fw"] + found["bw"]) / unit,
-                         kernel_bytes=found["kernels"]))
+                         reread_bytes=found["reread"], kernel_bytes=found["kernels"]))
         print(f"counted {variant} [{backend}]: {rows[-1]['total_c']:.1f} C", flush=True)
     residual = rows[0]["fw_bytes"] + rows[0]["bw_bytes"]
     for row in rows:
         row["extra_c"] = (row["fw_bytes"] + row["bw_bytes"] - residual) / unit
         row["predicted_vs_residual"] = traffic.predicted_ratio(row["extra_c"] * unit, step_ms, bandwidth)
         row["predicted_at_depth"] = {d: traffic.depth_ratio(row["predicted_vs_residual"], d) for d in DEPTHS}
+        slower = 0.0
         if record is not None:
             row.update(in_flight_prediction(row, record, args.hc_pre[0], step_ms, device, bandwidth, unit))
+            slower = row.pop("slower_bytes")
+        # and with every second read of a program's own tile from memory, none from L2
+        row["predicted_rereads_missing"] = traffic.predicted_ratio(row["extra_c"] * unit + slower + row["reread_bytes"],
+                                                                   step_ms, bandwidth)
         row["target"] = None if row["variant"] == "residual" else TARGETS.get(row["variant"], OTHER_TARGET)
     return dict(rows=rows, residual_step_ms=step_ms, device=device, bandwidth=bandwidth, unit_bytes=unit,
                 pre=args.hc_pre[0])
@@ -106,10 +111,13 @@ def run_traffic(args):
 def print_traffic(result):
     unit = result["unit_bytes"]
     header = ["variant", "kernels", "fwd C", "bwd C", "total C", "extra C", "predicted x residual",
-              "predicted, in flight", "target", "loads issued C", *(f"predicted at D={d}" for d in DEPTHS)]
+              "predicted, in flight", "re-read C", "predicted, re-reads missing", "target", "loads issued C",
+              *(f"predicted at D={d}" for d in DEPTHS)]
     lines = [[r["variant"], r["kernels"], f"{r['fw_bytes'] / unit:.1f}", f"{r['bw_bytes'] / unit:.1f}",
               f"{r['total_c']:.1f}", f"{r['extra_c']:+.1f}", f"{r['predicted_vs_residual']:.3f}",
               f"{r['predicted_in_flight']:.3f}" if r.get("predicted_in_flight") else "-",
+              f"{r['reread_bytes'] / unit:.1f}" if r.get("reread_bytes") else "-",
+              f"{r['predicted_rereads_missing']:.3f}" if r.get("predicted_rereads_missing") else "-",
               "-" if r["target"] is None else f"<= {r['target']:.2f}",
               f"{r['issued_bytes'] / unit:.1f}" if r["issued_bytes"] else "-",
               *(f"{r['predicted_at_depth'][d]:.3f}" for d in DEPTHS)] for r in result["rows"]]
@@ -120,7 +128,9 @@ def print_traffic(result):
     print("floor (docs/kernels.md): residual about 8 C, an ideal fused HC layer about 29 C; 'loads issued' counts "
           "a tile read twice by a kernel twice (the distinct bytes assume the second read hits the cache); "
           "'in flight': each Triton kernel's bytes at the bandwidth its bytes in flight allow on this GPU "
-          "(docs/kernels.json, nanochat/in_flight.py), no more than 80 % of it")
+          "(docs/kernels.json, nanochat/in_flight.py), no more than 80 % of it; 're-read': the loads by which a "
+          "program reads its own tile again, from L2 only while the resident programs' tiles fit it; 're-reads "
+          "missing': in flight, and every re-read from memory")
     limited = sorted({k for r in result["rows"] for k in r.get("in_flight_limited_kernels", [])})
     if limited:
         print("kernels below the GPU's need of bytes in flight: " + "; ".join(k.replace("|", ": ") for k in limited))

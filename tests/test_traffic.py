@@ -33,6 +33,32 @@ def test_a_launch_counts_distinct_addresses_and_issued_loads():
     torch.testing.assert_close(y, 2 * x)
 
 
+@triton.jit
+def _each_reads_all(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + tl.program_id(0), tl.sum(tl.load(x_ptr + i, mask=i < N, other=0.0)))
+
+
+def test_rereads_are_a_programs_own_second_loads_of_per_token_data():
+    """A program loading its own tile twice re-reads it (the second pass a GPU finds in L2 only
+    if the tile stayed there); programs loading the same shared data once each do not; data whose
+    first dimension is not the tokens (weights, tables) is never counted."""
+    N = 20
+    x, y = torch.randn(N), torch.empty(N)
+    with traffic.counting(tokens=N) as count:
+        _read_twice_write_once[(2,)](x, y, N, BLOCK=16)
+    assert count.reread == N * 4 and count.issued == 2 * N * 4
+    with traffic.counting(tokens=N) as count:
+        _each_reads_all[(3,)](x, y, N, BLOCK=32)
+    assert count.reread == 0 and count.issued == 3 * N * 4
+    with traffic.counting(tokens=N + 1) as count:  # x is not per-token data here
+        _read_twice_write_once[(2,)](x, y, N, BLOCK=16)
+    assert count.reread == 0
+    with traffic.counting() as count:  # without the token count, nothing is taken for a re-read
+        _read_twice_write_once[(2,)](x, y, N, BLOCK=16)
+    assert count.reread == 0
+
+
 def test_each_kernel_keeps_its_own_bytes():
     """The distinct bytes per kernel (traffic.kernel_key) add up to the launches' total, two
     launches of one kernel in one entry."""
@@ -90,6 +116,7 @@ def test_a_rows_in_flight_prediction_slows_only_its_short_kernels():
                kernel_bytes={"seam_forward|mix": 3.0 * unit, "seam_backward|stream": 9.0 * unit, "other|": unit})
     found = bench_traffic.in_flight_prediction(row, record, "current", 115.0, "NVIDIA H200", 4.8e12, unit)
     assert found["predicted_in_flight"] == pytest.approx(traffic.predicted_ratio(23.0 * unit, 115.0, 4.8e12))
+    assert found["slower_bytes"] == pytest.approx(3.0 * unit)
     assert found["in_flight_limited_kernels"] == ["seam_forward|mix"] and found["unpriced_kernels"] == ["other|"]
     assert bench_traffic.workload("kromhc", "fused", "delayed") == "kromhc delayed"
 
@@ -196,8 +223,9 @@ def test_the_traffic_table_predicts_the_wider_trunks(capsys):
     out = capsys.readouterr().out
     assert "predicted at D=20" in out and f"{traffic.depth_ratio(1.07, 26):.3f}" in out
     assert "predicted, in flight" in out and "below the GPU's need" not in out
-    row.update(predicted_in_flight=1.093, in_flight_limited_kernels=["seam_backward|post > none > given read"])
+    row.update(predicted_in_flight=1.093, in_flight_limited_kernels=["seam_backward|post > none > given read"],
+               reread_bytes=16.0 * 1536, predicted_rereads_missing=1.161)
     bench_traffic.print_traffic(dict(rows=[row], unit_bytes=1536, pre="current", residual_step_ms=115.0,
                                      device="NVIDIA H200", bandwidth=4.8e12))
     out = capsys.readouterr().out
-    assert "1.093" in out and "below the GPU's need of bytes in flight: seam_backward: post > none > given read" in out
+    assert "1.093" in out and "16.0" in out and "1.161" in out and "below the GPU's need of bytes in flight: seam_backward: post > none > given read" in out
