@@ -54,8 +54,8 @@ DEPTHS = (20, 26)
 
 
 def workload(variant, backend, pre):
-    """kernel_aot's label of the run whose kernels a row's (scripts.kernel_check --json): the
-    variant, its delayed pre-weights, the split design."""
+    """kernel_aot's label of the run that launches a row's kernels (scripts.kernel_check --json):
+    the variant, then " delayed" for delayed pre-weights and " split" for the split design."""
     return variant + (" delayed" if pre == "delayed" else "") + (" split" if backend == "fused-split" else "")
 
 
