@@ -46,8 +46,6 @@ COUNT_TOKENS = (16, 32)  # the token counts custom ops are run at (1 and 2 tiles
 ELEMENT = 2  # bytes of a bf16 stream value: the floor's unit C is 768 of them
 FLOOR_C = {"residual": 8, "fused HC": 29}  # per token and sub-layer, in units of C (docs/kernels.md)
 BANDWIDTH_USE = 0.8
-# DRAM bandwidth, bytes/s (NVIDIA's data sheets: H200 4.8 TB/s; H100 SXM 3.35 TB/s).
-GPU_BANDWIDTH = [("H200", 4.8e12), ("H100", 3.35e12)]
 
 
 class TrunkUnderTest(nn.Module):
@@ -421,7 +419,11 @@ def connection_bytes(fields, kernels):
 
 
 def bandwidth(device_name):
-    return next((bw for key, bw in GPU_BANDWIDTH if key in device_name), None)
+    """DRAM bandwidth in bytes/s of the GPU a device's name names (nanochat/in_flight.py's
+    datasheet peaks, the same the bytes-in-flight estimate holds kernels to), or None."""
+    from nanochat import in_flight
+    gpu = in_flight.gpu_named(device_name)
+    return gpu.bandwidth if gpu else None
 
 
 def residual_step(path=None):

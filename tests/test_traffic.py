@@ -229,3 +229,9 @@ def test_the_traffic_table_predicts_the_wider_trunks(capsys):
                                      device="NVIDIA H200", bandwidth=4.8e12))
     out = capsys.readouterr().out
     assert "1.093" in out and "16.0" in out and "1.161" in out and "below the GPU's need of bytes in flight: seam_backward: post > none > given read" in out
+
+
+def test_a_gpus_bandwidth_is_the_one_its_kernels_are_estimated_at():
+    from nanochat import in_flight
+    assert traffic.bandwidth("NVIDIA H200") == in_flight.H200.bandwidth == 4.8e12
+    assert traffic.bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and traffic.bandwidth("Tesla T4") is None
