@@ -34,6 +34,7 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import NamedTuple
 
 import torch
 
@@ -71,9 +72,9 @@ class Compiled:
 
 
 @contextlib.contextmanager
-def recording(workload, backend, launches):
+def recording(workload, backend, launches, tma=False):
     """Within: Triton launches are recorded into `launches` instead of run, and both kernel
-    backends accept CPU tensors."""
+    backends accept CPU tensors; the seams load through TMA if `tma` (fused.set_tma)."""
     from triton.runtime.jit import JITFunction
 
     from nanochat.connections.backends import fused, liger
@@ -85,10 +86,13 @@ def recording(workload, backend, launches):
 
     JITFunction.run = record
     fused.runs_on = liger.runs_on = lambda device_type: True
+    before = fused.TMA
+    fused.set_tma(tma)
     try:
         yield
     finally:
         JITFunction.run, fused.runs_on, liger.runs_on = real
+        fused.set_tma(before)
 
 
 def stand_in(t):
@@ -124,12 +128,24 @@ def fused_workloads():
     out.append(("kromhc learned head", dict(hc="kromhc", hc_reduce="learned")))
     out.append(("kromhc learned head split", dict(hc="kromhc", hc_reduce="learned", hc_seam="split")))
     out.append(("kromhc K=2", dict(hc="kromhc", hc_stream_checkpoint=2)))
-    return out
+    return [Workload(label, fields) for label, fields in out] + [
+        Workload(f"{label} TMA", fields, tma=True) for label, fields in out if label in TMA_WORKLOADS]
+
+
+# The workloads compiled once more loading through TMA (fused.TMA, sm_90 only): both designs
+# of KromHC, and the widest gates (mhc-lite's permutations, go-mHC's Cayley map)
+TMA_WORKLOADS = ("kromhc", "kromhc split", "mhc_lite", "go_mhc")
+
+
+class Workload(NamedTuple):
+    label: str
+    fields: dict  # the model's config fields
+    tma: bool = False  # the seams load through TMA (compiled for targets that have it)
 
 
 def liger_workloads():
     from nanochat import connections
-    return [(name, dict(hc=name)) for name in connections.VARIANTS if connections.runs_on(name, "liger")]
+    return [Workload(name, dict(hc=name)) for name in connections.VARIANTS if connections.runs_on(name, "liger")]
 
 
 def _config(kernels, fields, n_layer):
@@ -167,9 +183,9 @@ def record_all(backends=BACKENDS):
     plans = {"fused": (fused_workloads, run_fused), "liger": (liger_workloads, run_liger)}
     for backend in backends:
         workloads, run = plans[backend]
-        for label, fields in workloads():
-            with recording(label, backend, launches):
-                run(fields)
+        for w in workloads():
+            with recording(w.label, backend, launches, w.tma):
+                run(w.fields)
     return launches
 
 
@@ -241,12 +257,19 @@ def compile_all(launches, targets=TARGETS, workers=None):
     for launch in launches:
         groups.setdefault(launch_key(launch), []).append(launch)
     firsts = [same[0] for same in groups.values()]
-    jobs = [(i, cc) for i in range(len(firsts)) for cc in targets]
+    jobs = [(i, cc) for i in range(len(firsts)) for cc in compiled_for(firsts[i], targets)]
     with concurrent.futures.ThreadPoolExecutor(workers or os.cpu_count()) as pool:
         found = dict(zip(jobs, pool.map(lambda job: resources(firsts[job[0]], job[1]), jobs)))
     return [Compiled(first.fn.__name__, describe(first), first.backend, sorted({l.workload for l in same}),
-                     programs(first), first.streams, {cc: found[i, cc] for cc in targets})
+                     programs(first), first.streams, {cc: found[i, cc] for cc in compiled_for(first, targets)})
             for i, (first, same) in enumerate(zip(firsts, groups.values()))]
+
+
+def compiled_for(launch, targets):
+    """The targets a launch is compiled for: a seam kernel that loads through TMA only those
+    that have it (elsewhere the kernels never launch it: fused.uses_tma)."""
+    from nanochat.connections.backends import fused
+    return [cc for cc in targets if not launch.kwargs.get("TMA") or fused.has_tma(cc // 10)]
 
 
 def describe(launch):

@@ -1,7 +1,8 @@
 """Time the fused seam kernels (`--hc-kernels fused`) under other tilings on one GPU: tokens
-per program, warps, and channels per chunk, forward and backward (nanochat/connections/backends/fused.py).
+per program, warps, and channels per chunk, forward and backward, with or without TMA's loads
+(nanochat/connections/backends/fused.py).
 
-    python -m scripts.bench_seams [--variants kromhc mhc] [--tilings 16,8,128,64 32,4,128,64 ...]
+    python -m scripts.bench_seams [--variants kromhc mhc] [--tilings 32,4,128,64 32,4,128,64,tma ...]
                                   [--out DIR] [--model]
 
 Each variant's workload is a two-block trunk at D=12 shapes (n = 4, C = 768, 32 x 2048 tokens;
@@ -21,6 +22,7 @@ measurement.
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -38,21 +40,47 @@ OTHER_TILINGS = ["64,4,64,32", "16,8,128,64", "32,4,128,64", "64,8,128,64", "16,
 SIZES = {"gpu": dict(B=32, T=2048, C=768, n=4), "tiny": dict(B=2, T=24, C=40, n=4)}
 
 
+TMA = "tma"
+
+
 def tiling(text):
+    """(BLOCK_T, WARPS, CHUNK_FWD, CHUNK_BWD), and TMA last where the kernels are to load the
+    streams through TMA (fused.TMA: on sm_90 and later)."""
+    parts = text.split(",")
+    tail = (TMA,) if parts[-1] == TMA else ()
     try:
-        values = tuple(int(v) for v in text.split(","))
+        values = tuple(int(v) for v in parts[:len(parts) - len(tail)])
     except ValueError:
         values = ()
     if len(values) != 4 or any(v < 1 or v & (v - 1) for v in values):
-        raise argparse.ArgumentTypeError(f"expected four powers of two, BLOCK_T,WARPS,CHUNK_FWD,CHUNK_BWD; got {text!r}")
-    return values
+        raise argparse.ArgumentTypeError("expected four powers of two, BLOCK_T,WARPS,CHUNK_FWD,CHUNK_BWD, and "
+                                         f"optionally ,{TMA}; got {text!r}")
+    return values + tail
 
 
 def default_tilings():
-    """The kernels' own tiling, then the others."""
+    """The kernels' own tiling, then the same through TMA, then the others."""
     from nanochat.connections.backends import fused
     own = fused.tiling()
-    return [own] + [t for t in map(tiling, OTHER_TILINGS) if t != own]
+    return [own, own + (TMA,)] + [t for t in map(tiling, OTHER_TILINGS) if t != own]
+
+
+def apply(t):
+    """Compile and launch the seam kernels at tiling `t` from now on."""
+    from nanochat.connections.backends import fused
+    fused.set_tiling(*t[:4])
+    fused.set_tma(TMA in t)
+
+
+@contextlib.contextmanager
+def tilings_restored():
+    from nanochat.connections.backends import fused
+    start, tma = fused.tiling(), fused.TMA
+    try:
+        yield
+    finally:
+        fused.set_tiling(*start)
+        fused.set_tma(tma)
 
 
 def build_parser():
@@ -61,8 +89,9 @@ def build_parser():
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--variants", nargs="+", default=["kromhc", "mhc"], help="HC variants (default kromhc mhc)")
     p.add_argument("--tilings", nargs="+", type=tiling, default=default_tilings(),
-                   metavar="T,W,F,B", help="tokens per program, warps, forward and backward chunk; the first is the "
-                                           "reference (default: the kernels' own, then eight others)")
+                   metavar="T,W,F,B[,tma]", help="tokens per program, warps, forward and backward chunk, and tma "
+                   "to load the streams through TMA (sm_90); the first is the reference (default: the kernels' own, "
+                   "without and with TMA, then eight others)")
     p.add_argument("--reps", type=positive_int(), default=20, help="timed calls per case (default 20)")
     p.add_argument("--warmup", type=nonneg_int(), default=2,
                    help="untimed calls per case after its first, the check's (default 2)")
@@ -154,15 +183,12 @@ def precompile(variants, tilings, device):
     cc = cc[0] * 10 + cc[1]
     t0 = time.time()
     launches = []
-    start = fused.tiling()
-    try:
+    with tilings_restored():
         for t in tilings:
-            fused.set_tiling(*t)
+            apply(t)
             for variant in variants:
-                with kernel_aot.recording(variant, "fused", launches):
+                with kernel_aot.recording(variant, "fused", launches, fused.TMA):
                     kernel_aot.run_fused(dict(hc=variant))
-    finally:
-        fused.set_tiling(*start)
     distinct = {kernel_aot.launch_key(launch): launch for launch in launches}
 
     def build(launch):
@@ -176,7 +202,6 @@ def precompile(variants, tilings, device):
 
 def sweep(args, device, size, out, t0):
     """Every tiling on every variant, tilings outer (a budget cut leaves whole tilings)."""
-    from nanochat.connections.backends import fused
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     data, first = {v: inputs(size, device, dtype) for v in args.variants}, {}
     for variant, (x0, grad) in data.items():
@@ -185,13 +210,12 @@ def sweep(args, device, size, out, t0):
             "forward_ms": time_ms(lambda: step(reference, x0, grad, False), args.warmup, args.reps, device),
             "step_ms": time_ms(lambda: step(reference, x0, grad, True), args.warmup, args.reps, device)}
     reference = None
-    start = fused.tiling()
-    try:
+    with tilings_restored():
         for t in args.tilings:
             if time.time() - t0 > args.sweep_budget:
                 out["skipped"].append(list(t))
                 continue
-            fused.set_tiling(*t)
+            apply(t)
             for variant, (x0, grad) in data.items():
                 row = {"variant": variant, "tiling": list(t)}
                 try:
@@ -207,8 +231,6 @@ def sweep(args, device, size, out, t0):
                 conn = None
                 out["rows"].append(row)
                 write(out, args.out)
-    finally:
-        fused.set_tiling(*start)
 
 
 def fastest(rows, variants, reference_gap=2e-2):
@@ -259,10 +281,8 @@ def main(argv=None):
               f"gap {r['max_rel_gap']:.1e}")
     print("torch backend:", out["torch_backend"], "fastest:", out["fastest"])
     if args.model and out["fastest"] and cuda:
-        from nanochat.connections.backends import fused
-
         from scripts import gpu_check
-        fused.set_tiling(*out["fastest"])
+        apply(out["fastest"])
         gpu_check.main(["--out", args.out, "--sections", "kernels", "--backends", "fused", "--variants", "residual",
                         *args.variants, "--time-budget", str(args.time_budget)])
 

@@ -45,11 +45,14 @@ def rows(compiled, targets):
         cells = [f"{k.backend} {k.name}", k.what, ", ".join(k.workloads) if len(k.workloads) <= 3
                  else f"{len(k.workloads)} workloads", f"{k.programs:,}"]
         for cc in targets:
+            if cc not in k.resources:  # not launched there (TMA's loads: sm_90 only)
+                cells += [""] * 5
+                continue
             r, e = k.resources[cc], kernel_aot.estimate(k, cc)
             cells += [str(r["regs"]), str(r["spill"]), f"{r['shared'] / 1024:.1f}", str(e.programs_per_sm),
                       f"{e.per_sm / 1024:.1f}"]
         if 90 in targets:
-            cells.append(f"{kernel_aot.estimate(k, 90, in_flight.H200).ratio:.2f}")
+            cells.append(f"{kernel_aot.estimate(k, 90, in_flight.H200).ratio:.2f}" if 90 in k.resources else "")
         out.append(cells)
     return out
 

@@ -12,15 +12,19 @@ from scripts import bench_seams
 def test_a_sweep_times_every_tiling_against_the_first(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from nanochat.connections.backends import fused
-    before = fused.tiling()
+    before = fused.tiling(), fused.TMA
+    seen = []
+    monkeypatch.setattr(fused, "uses_tma", lambda *streams: seen.append(fused.TMA) or False)
     bench_seams.main(["--out", str(tmp_path), "--variants", "hc_identity", "--tilings", "16,8,128,64", "32,2,256,128",
-                      "--reps", "1", "--warmup", "0"])
-    assert fused.tiling() == before  # the sweep leaves the kernels' own tiling in place
+                      "32,2,256,128,tma", "--reps", "1", "--warmup", "0"])
+    assert (fused.tiling(), fused.TMA) == before  # the sweep leaves the kernels' own tiling in place
+    assert seen.count(True) and seen.count(False)  # through TMA where a tiling says so
     result = json.loads((tmp_path / "bench_seams.json").read_text())
     rows = result["rows"]
     assert [(r["variant"], r["tiling"]) for r in rows] == [("hc_identity", [16, 8, 128, 64]),
-                                                           ("hc_identity", [32, 2, 256, 128])]
-    assert rows[0]["max_rel_gap"] == 0 and rows[1]["max_rel_gap"] < 1e-5  # fp32: the same function
+                                                           ("hc_identity", [32, 2, 256, 128]),
+                                                           ("hc_identity", [32, 2, 256, 128, "tma"])]
+    assert rows[0]["max_rel_gap"] == 0 and all(r["max_rel_gap"] < 1e-5 for r in rows)  # fp32: the same function
     for r in rows:
         assert r["step_ms"] > r["forward_ms"] > 0
         assert r["x_torch"] == pytest.approx(r["step_ms"] / result["torch_backend"]["hc_identity"]["step_ms"])
@@ -41,6 +45,7 @@ def test_fastest_skips_tilings_that_failed_or_differ():
 @pytest.mark.parametrize("argv, phrase", [
     (["--tilings", "16,8,128"], "four powers of two"),
     (["--tilings", "16,8,100,64"], "four powers of two"),
+    (["--tilings", "16,8,128,64,fast"], "four powers of two"),
     (["--variants", "laurel"], "has no fused seams"),
 ])
 def test_bad_flags_are_one_error_line(argv, phrase, capsys, monkeypatch):
@@ -71,4 +76,5 @@ def test_on_a_gpu_the_dots_take_trainings_precision(monkeypatch):
 def test_the_default_sweep_starts_from_the_kernels_own_tiling():
     from nanochat.connections.backends import fused
     tilings = bench_seams.build_parser().parse_args([]).tilings
-    assert tilings[0] == fused.tiling() and len(set(tilings)) == len(tilings) == 9
+    assert tilings[0] == fused.tiling() and len(set(tilings)) == len(tilings) == 10
+    assert tilings[1] == fused.tiling() + ("tma",)  # the same through TMA: what it buys on the GPU

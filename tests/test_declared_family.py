@@ -106,10 +106,10 @@ def test_traffic_counts_each_wiring_on_the_backends_it_runs_on(capsys):
 
 
 def test_kernel_check_compiles_the_wirings_that_declare_the_kernels():
-    fused = {fields["hc"] for _, fields in kernel_aot.fused_workloads()}
+    fused = {w.fields["hc"] for w in kernel_aot.fused_workloads()}
     assert fused == {name for name, spec in connections.specs().items() if "fused" in spec.backends}
     assert STATIC not in fused and "gated" not in fused and "kromhc" in fused
-    assert {fields["hc"] for _, fields in kernel_aot.liger_workloads()} == set(connections.specs(kernel="hyper_connection"))
+    assert {w.fields["hc"] for w in kernel_aot.liger_workloads()} == set(connections.specs(kernel="hyper_connection"))
 
 
 @pytest.mark.parametrize("change, message", [

@@ -383,6 +383,45 @@ def test_two_backward_passes_are_bitwise_equal(case):
         assert torch.equal(g, second[1][name]), name
 
 
+# TMA (fused.uses_tma): one case a kind of seam load; 48 channels, a partial last chunk, and 24
+# tokens, a partial tile, so that boxes reach past both the channels and the tokens
+TMA_CASES = [dict(hc="kromhc"), dict(hc="mhc", hc_pre="delayed"), dict(hc="go_mhc"),
+             dict(hc="kromhc", hc_expand="lss", hc_reduce="learned"), dict(hc="hc_identity", hc_streams=3)]
+
+
+@pytest.mark.parametrize("design", fused.DESIGNS)
+@pytest.mark.parametrize("case", TMA_CASES, ids=model_case_id)
+def test_tma_loads_what_the_masked_loads_load(case, design, monkeypatch):
+    """The streams loaded through tensor descriptors (sm_90's TMA) give the loss and every
+    gradient bitwise as the masked loads do."""
+    decided, kernels = [], []
+    uses_tma, tma_kernel = fused.uses_tma, fused.tma_kernel
+    monkeypatch.setattr(fused, "uses_tma", lambda *streams: decided.append(uses_tma(*streams)) or decided[-1])
+    monkeypatch.setattr(fused, "tma_kernel", lambda *a: kernels.append(tma_kernel(*a)) or kernels[-1])
+    results = []
+    for tma in (False, True):
+        monkeypatch.setattr(fused, "TMA", tma)
+        results.append(loss_and_grads(tiny_gpt("fused", hc_seam=design, n_embd=48, **case), batch()))
+    # the launches with TMA on loaded through it where their kernel has products
+    assert any(decided) and not all(decided) and any(kernels)
+    (loss, grads), (loss_tma, grads_tma) = results
+    assert torch.equal(loss, loss_tma)
+    for name, g in grads.items():
+        assert torch.equal(g, grads_tma[name]), name
+
+
+def test_tma_needs_to_be_on_and_aligned_rows(monkeypatch):
+    """Off until turned on (fused.TMA); then rows of a multiple of 16 bytes at 16-byte
+    addresses, on Hopper (9.0) or later, or in the interpreter."""
+    rows = torch.empty(5, 4, 48)
+    assert not fused.uses_tma(rows)
+    monkeypatch.setattr(fused, "TMA", True)
+    assert fused.uses_tma(rows, torch.empty(5, 48))
+    assert not fused.uses_tma(torch.empty(5, 4, 42))  # 168-byte rows
+    assert not fused.uses_tma(rows, torch.empty(5 * 48 + 1)[1:].view(5, 48))  # 4 bytes past an alignment
+    assert not fused.has_tma(8) and fused.has_tma(9) and fused.has_tma(10)
+
+
 def test_weight_gradient_reduces_over_token_chunks():
     """The weight gradient splits the tokens into chunks whose partial sums add up exactly as
     one product does (a token count spanning several chunks, with a ragged last one)."""

@@ -249,7 +249,8 @@ def describe(constexprs):
     kernels = ("reduce", "stream") if "HAS_GXO" in c else ("mix", "gates", "read")  # backward's, forward's
     phase = f", split: {kernels[c['PHASE'] - 1]}" if c.get("PHASE", 0) else ""
     rewrite = ", X_next again" if c.get("WRITE_XN") else ""
-    return " > ".join((source, coef, read)) + phase + rewrite
+    tma = ", TMA" if c.get("TMA") else ""
+    return " > ".join((source, coef, read)) + phase + rewrite + tma
 
 
 @functools.cache
@@ -300,6 +301,56 @@ def set_tiling(block_t, num_warps, chunk_forward, chunk_backward):
 
 
 DESIGNS = ("onepass", "split")
+
+# TMA (sm_90's tensor memory accelerator): the kernels' channel loops with the projection's
+# products load the streams X and y as bulk copies of (tokens x one stream x channels) boxes
+# through tensor descriptors made on chip, one thread issuing each, where masked loads and
+# cp.async take an address per element from every thread. Built and held bitwise to the masked
+# loads (tests/test_fused.py); off until a GPU has timed it against them (`scripts.bench_seams`
+# sweeps the kernels' own tiling both ways): on sm_90 it changes each kernel's registers, and
+# some lose a program per SM (docs/kernels.md, "TMA").
+TMA = False
+
+
+def set_tma(value):
+    """Whether the kernels launched from now on load through TMA where a GPU has it."""
+    global TMA
+    TMA = bool(value)
+
+
+def uses_tma(*streams):
+    """Whether a seam launch loads `streams` through tensor descriptors: where TMA is on, on a
+    GPU that has it (or in Triton's interpreter, the CPU's tests), and every one meets TMA's
+    alignment: a 16-byte base and rows of a multiple of 16 bytes (others keep the masked loads)."""
+    if not TMA or not all(t.data_ptr() % 16 == 0 and t.shape[-1] * t.element_size() % 16 == 0 for t in streams):
+        return False
+    t = streams[0]
+    return not t.is_cuda or (torch.version.hip is None and has_tma(torch.cuda.get_device_capability(t.device)[0])
+                             and _tma_scratch_ready())
+
+
+def tma_kernel(seam, backward, phase):
+    """Whether a seam kernel (phase: 0 the one-pass design's, else the split design's) has a
+    channel loop with the projection's products, the only ones that load through TMA: with a
+    pipelined loop's copies kept iterations ahead, where a loop without products would wait on
+    each box before issuing the next. The split design's gates and read kernels have no
+    channel loop; its backward reduce kernel's loop has no products (the hand-over replaces the
+    projection)."""
+    return seam.projects and phase in ((0, 2) if backward else (0, 1))
+
+
+def has_tma(major):
+    """Whether NVIDIA GPUs of compute capability `major`.x have TMA (Hopper, 9.0, and later)."""
+    return major >= 9
+
+
+@functools.cache
+def _tma_scratch_ready():
+    """A descriptor made on chip is written to global scratch memory that Triton asks its
+    allocator for at launch: ours, from PyTorch's caching allocator on the current device."""
+    import triton
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    return True
 
 
 class Tiling(NamedTuple):
@@ -410,11 +461,13 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     N, _, C = x.shape
     hread_strides = h_read.stride() if h_read is not None else (0, 0)
     common = dict(DOT_PRECISION=dot_precision(x), INT64=needs_int64(x), maxnreg=MAX_REGISTERS)
+    tma = uses_tma(*(t for t in (x, y) if t is not None))
     if not seam.splits:
         kernels().seam_forward[seam_grid(N, BLOCK_T)](
             x, _or(y, x), _or(h_post, x), _or(h_res, x), _or(h_read, x), *hread_strides, _or(w, x), _or(scale, x),
             _or(bias, x), _or(table, x), *(_or(o, x) for o in out), x, x, N, seam.eps, seam.eps_u, C=C,
-            num_warps=NUM_WARPS, PHASE=0, SPLITS=1, SPLIT_C=C, **common, **seam.forward_constexprs())
+            num_warps=NUM_WARPS, PHASE=0, SPLITS=1, SPLIT_C=C, TMA=tma and tma_kernel(seam, False, 0), **common,
+            **seam.forward_constexprs())
         return out
     # split: X_next and its projection's partial sums over channel splits; their sum and the
     # coefficients; the read of X_next
@@ -426,19 +479,19 @@ def _seam(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_res: Optio
     given = dict(seam.forward_constexprs(), SPLITS=split.count, SPLIT_C=split.channels)
     kernels().seam_forward[(triton_cdiv(N, mix.block_t), split.count)](
         x, _or(y, x), _or(h_post, x), _or(h_res, x), x, 0, 0, w, x, x, x, x_next, x, x, x, x, x, x, x, part, N,
-        seam.eps, seam.eps_u, C=C, num_warps=mix.warps, PHASE=1, **common,
+        seam.eps, seam.eps_u, C=C, num_warps=mix.warps, PHASE=1, TMA=tma and tma_kernel(seam, False, 1), **common,
         **dict(given, READ=0, WRITE_X=True, BLOCK_T=mix.block_t, BLOCK_C=mix.block_c))
     # (pre stands in for the stream pointers it does not read: a kernel launched with a stream
     # is held to a streaming kernel's bytes in flight by kernel_check)
     kernels().seam_forward[seam_grid(N, gates.block_t)](
         pre, pre, pre, pre, pre, 0, 0, w, scale, bias, _or(table, pre), pre, pre, _or(h_post_out, pre),
         _or(h_res_out, pre), pre, pre, pre, proj, part, N, seam.eps, seam.eps_u, C=C, num_warps=gates.warps, PHASE=2,
-        **common,
+        TMA=tma and tma_kernel(seam, False, 2), **common,
         **dict(given, SOURCE=0, READ=0, WRITE_X=False, BLOCK_T=gates.block_t, BLOCK_C=gates.block_c))
     for tiling in read:  # the pre-weights given, or the ones the gates kernel kept (pre)
         kernels().seam_forward[seam_grid(N, tiling.block_t)](
             x_next, x, x, x, _or(h_read, x), *hread_strides, x, x, x, x, x, u, x, x, pre, x, x, x, x, N, seam.eps,
-            seam.eps_u, C=C, num_warps=tiling.warps, PHASE=3, **common,
+            seam.eps_u, C=C, num_warps=tiling.warps, PHASE=3, TMA=tma and tma_kernel(seam, False, 3), **common,
             **dict(given, SOURCE=0, COEF=0, WRITE_X=False, BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c))
     return out
 
@@ -479,17 +532,19 @@ def _seam_backward(x: Tensor, y: Optional[Tensor], h_post: Optional[Tensor], h_r
                  HAS_GHRO=g_hres is not None, HAS_GPRE=g_pre is not None, HAS_GEXT=g_xw is not None,
                  NEED_GHREAD=ghread.numel() > 0, DOT_PRECISION=dot_precision(x), INT64=needs_int64(x),
                  maxnreg=MAX_REGISTERS)
+    tma = uses_tma(*(t for t in (x, y) if t is not None))
     if not seam.splits:
         block_t, num_warps = backward_tiling(constexprs["KBX"])
         launch.func[seam_grid(N, block_t)](*launch.args, x, x, N, seam.eps, seam.eps_u, num_warps=num_warps, PHASE=0,
-                                           **flags, **constexprs)
+                                           TMA=tma and tma_kernel(seam, True, 0), **flags, **constexprs)
     else:
         # split: the reductions over the channels (the read weights' and the norm's sums, the
         # coefficients' gradients) per token, then a streaming pass for the stream gradients
         bridge = x.new_empty(N, 3, dtype=torch.float32)
         for phase, tiling in enumerate(split_phases(seam, True, C), start=1):
             launch.func[seam_grid(N, tiling.block_t)](
-                *launch.args, xw, bridge, N, seam.eps, seam.eps_u, num_warps=tiling.warps, PHASE=phase, **flags,
+                *launch.args, xw, bridge, N, seam.eps, seam.eps_u, num_warps=tiling.warps, PHASE=phase,
+                TMA=tma and tma_kernel(seam, True, phase), **flags,
                 **dict(constexprs, BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c))
     if seam.projects:
         gw.copy_(weight_grad(x if seam.source == "given" else x_next, gxw))

@@ -36,6 +36,9 @@ Codes of the constexpr switches (fused.Seam holds their names):
             reductions over the channels and the coefficients' gradients (per token, handed
             over in gxw_ptr and bridge_ptr), 2: the streaming pass for the stream gradients
   WRITE_XN  (backward) store X_next as it is recomputed (stream checkpoints: it was not kept)
+  TMA       load X and y in the channel loops with the projection's products through tensor
+            descriptors (sm_90's TMA, fused.uses_tma), the others through masked loads; set only
+            for a kernel whose loops have products (fused.tma_kernel)
 """
 
 import triton
@@ -109,11 +112,66 @@ def _next_streams(x_ptr, y_ptr, row, cols, mask, C, hp, hr, NS: tl.constexpr, SO
     """(X tiles, y tile, X_next tiles) of one chunk of channels: X_next given (SOURCE 0) or
     sum_s h_res[t, s] X[s] + h_post[t] y, rounded to the stream dtype (SOURCE 1)."""
     xs = _stream_tiles(x_ptr, row, cols, mask, C, NS)
-    if SOURCE == 0:
+    y = tl.zeros_like(xs[0])
+    if SOURCE == 1:
+        y = tl.load(y_ptr + row[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return _post_mix(x_ptr, xs, y, hp, hr, NS, SOURCE, RES_IN)
+
+
+@triton.jit
+def _stream_source(ptr, N, C, NS: tl.constexpr, TMA: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """What a loop loads (N, NS, C) streams through: their pointer, or (TMA) a tensor descriptor
+    whose boxes are BLOCK_T tokens x one stream x BLOCK_C channels. A box is one bulk copy,
+    issued by one thread without an address per element; positions past N tokens or C channels
+    read as zeros, as the masked loads do."""
+    src = ptr
+    if TMA:
+        src = tl.make_tensor_descriptor(ptr, shape=[N, NS, C], strides=[NS * C, C, 1],
+                                        block_shape=[BLOCK_T, 1, BLOCK_C])
+    return src
+
+
+@triton.jit
+def _box(src, s, t0, c0):
+    """Stream s of the box at token t0 and channel c0 of a descriptor (_stream_source), in fp32."""
+    tile = src.load([t0, s, c0])
+    return tl.reshape(tile, (tile.shape[0], tile.shape[2])).to(tl.float32)
+
+
+@triton.jit
+def _sources(x_ptr, y_ptr, N, C, NS: tl.constexpr, SOURCE: tl.constexpr, TMA: tl.constexpr, BLOCK_T: tl.constexpr,
+             BLOCK_C: tl.constexpr):
+    """The program's first token, and what its loops with products load X and y through."""
+    return tl.program_id(0) * BLOCK_T, (_stream_source(x_ptr, N, C, NS, TMA, BLOCK_T, BLOCK_C),
+                                          _stream_source(y_ptr, N, C, 1, TMA and SOURCE == 1, BLOCK_T, BLOCK_C))
+
+
+@triton.jit
+def _next_streams_in(x_ptr, y_ptr, row, cols, mask, C, hp, hr, NS: tl.constexpr, SOURCE: tl.constexpr,
+                     RES_IN: tl.constexpr, src, t0, c0, TMA: tl.constexpr):
+    """_next_streams of the chunk at channel c0, its loads through the descriptors of `src`
+    (_sources) where TMA. Only a loop with tensor-core products takes them: Triton's pipeliner
+    keeps such a loop's copies iterations ahead, where a loop without one would wait on each
+    box before issuing the next (its masked loads are all issued before the first is used)."""
+    if TMA:
+        xs = ()
+        for s in tl.static_range(NS):
+            xs = xs + (_box(src[0], s, t0, c0),)
         y = tl.zeros_like(xs[0])
+        if SOURCE == 1:
+            y = _box(src[1], 0, t0, c0)
+        out = _post_mix(x_ptr, xs, y, hp, hr, NS, SOURCE, RES_IN)
+    else:
+        out = _next_streams(x_ptr, y_ptr, row, cols, mask, C, hp, hr, NS, SOURCE, RES_IN)
+    return out
+
+
+@triton.jit
+def _post_mix(x_ptr, xs, y, hp, hr, NS: tl.constexpr, SOURCE: tl.constexpr, RES_IN: tl.constexpr):
+    """(X tiles, y tile, X_next tiles) from a chunk's X and y tiles (_next_streams)."""
+    if SOURCE == 0:
         xn = xs
     else:
-        y = tl.load(y_ptr + row[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xn = ()
         for t in tl.static_range(NS):
             acc = hp[t][:, None] * y
@@ -535,10 +593,12 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                  NUM_GROUPS: tl.constexpr, K: tl.constexpr, A_COLS: tl.constexpr, KA: tl.constexpr, KB: tl.constexpr,
                  KBX: tl.constexpr, READ_EPS: tl.constexpr, WRITE_X: tl.constexpr, NORM: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, MP: tl.constexpr, INT64: tl.constexpr, PHASE: tl.constexpr,
-                 SPLITS: tl.constexpr, SPLIT_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                 SPLITS: tl.constexpr, SPLIT_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                 TMA: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
+    t0, src = _sources(x_ptr, y_ptr, N, C, NS, SOURCE, TMA, BLOCK_T, BLOCK_C)
     if PHASE == 3:  # split, third kernel: the read of X_next, whole rows (the norm's sum on chip)
         if READ == 2:
             read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
@@ -560,7 +620,8 @@ def seam_forward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_s
                 cc = c_lo + c0 + cols
                 cmask = cc < C
                 mask = tmask[:, None] & cmask[None, :]
-                _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                _, _, xn = _next_streams_in(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN, src, t0,
+                                            c_lo + c0, TMA)
                 if WRITE_X:
                     for s in tl.static_range(NS):
                         tl.store(xout_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
@@ -634,10 +695,11 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                   NORM: tl.constexpr, HAS_GXO: tl.constexpr, HAS_GU: tl.constexpr, HAS_GHPO: tl.constexpr,
                   HAS_GHRO: tl.constexpr, HAS_GPRE: tl.constexpr, HAS_GEXT: tl.constexpr, NEED_GHREAD: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INT64: tl.constexpr, MP: tl.constexpr, WRITE_XN: tl.constexpr,
-                  PHASE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                  PHASE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, TMA: tl.constexpr):
     tmask, row, cols, idxA, validA, idxB, validB, hp, hr, read = _tile(
         hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_ss, N, NS, NP, SOURCE, RES_IN, READ, RES_KIND, K, A_COLS,
         KA, KBX, INT64, BLOCK_T, BLOCK_C)
+    t0, src = _sources(x_ptr, y_ptr, N, C, NS, SOURCE, TMA, BLOCK_T, BLOCK_C)
     if READ == 2:  # the pre-weights the forward projected and kept
         read = _given_read(pre_ptr, NS, 1, row, tmask, NS, 1)
 
@@ -670,7 +732,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
                 cc = c0 + cols
                 cmask = cc < C
                 mask = tmask[:, None] & cmask[None, :]
-                _, _, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+                _, _, xn = _next_streams_in(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN, src, t0, c0,
+                                            TMA and COEF > 1 and PHASE == 0)  # (the projection's pass)
                 if COEF > 1 and PHASE == 0:
                     accA, accB, ss = _project_chunk(xn, w_ptr, cc, cmask, accA, accB, ss, idxA, validA, idxB, validB,
                                                     C, K, KB, NS, DOT_PRECISION)
@@ -756,7 +819,8 @@ def seam_backward(x_ptr, y_ptr, hpost_ptr, hres_ptr, hread_ptr, hread_st, hread_
             cc = c0 + cols
             cmask = cc < C
             mask = tmask[:, None] & cmask[None, :]
-            xs, y, xn = _next_streams(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN)
+            xs, y, xn = _next_streams_in(x_ptr, y_ptr, row, cc, mask, C, hp, hr, NS, SOURCE, RES_IN, src, t0, c0,
+                                         TMA)
             if WRITE_XN:  # X_next was not kept (stream checkpoints): the weight gradient reads it from here
                 for s in tl.static_range(NS):
                     tl.store(xn_out_ptr + row[:, None] * (NS * C) + s * C + cc[None, :],
