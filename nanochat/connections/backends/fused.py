@@ -348,8 +348,8 @@ def has_tma(major):
 def _tma_scratch_ready():
     """A descriptor made on chip is written to global scratch memory that Triton asks its
     allocator for at launch: ours, from PyTorch's caching allocator on the current device."""
-    import triton
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    importlib.import_module("triton").set_allocator(
+        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     return True
 
 
