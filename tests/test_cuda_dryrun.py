@@ -226,6 +226,23 @@ def test_fused_seams_keep_bf16_streams_and_fp32_coefficients(case, monkeypatch):
     assert logits.dtype == f32
 
 
+def test_tma_scratch_comes_from_the_cuda_allocator(monkeypatch):
+    """The descriptors TMA's seams make on chip need global scratch, which Triton asks the
+    allocator we set for: bytes on the current CUDA device (fused._tma_scratch_ready)."""
+    triton = pytest.importorskip("triton")
+    from nanochat.connections.backends import fused
+    allocators = []
+    monkeypatch.setattr(triton, "set_allocator", allocators.append)
+    fused._tma_scratch_ready.cache_clear()
+    try:
+        assert fused._tma_scratch_ready()
+    finally:
+        fused._tma_scratch_ready.cache_clear()
+    with fake_cuda(monkeypatch):
+        scratch = allocators[0](384, 128, None)
+    assert (scratch.device.type, scratch.dtype, scratch.numel()) == ("cuda", torch.int8, 384)
+
+
 def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
     """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/memory.py):
     the forward's saved activations (token-major ones; attention's internals differ by kernel)

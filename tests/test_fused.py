@@ -422,6 +422,22 @@ def test_tma_needs_to_be_on_and_aligned_rows(monkeypatch):
     assert not fused.has_tma(8) and fused.has_tma(9) and fused.has_tma(10)
 
 
+def test_tma_on_cuda_needs_hopper_or_later_and_not_rocm(monkeypatch):
+    """On a CUDA tensor, TMA by its GPU's compute capability (9.0 and later), never on ROCm, and
+    with Triton's allocator readied for the descriptors' scratch memory first."""
+    from types import SimpleNamespace
+    readied = []
+    monkeypatch.setattr(fused, "_tma_scratch_ready", lambda: readied.append(True) or True)
+    monkeypatch.setattr(fused, "TMA", True)
+    stream = SimpleNamespace(is_cuda=True, device="cuda:0", shape=(5, 4, 48), data_ptr=lambda: 1024,
+                             element_size=lambda: 2)
+    for major, hip, expect in [(8, None, False), (9, None, True), (10, None, True), (9, "6.2", False)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, major=major: (major, 0))
+        monkeypatch.setattr(torch.version, "hip", hip)
+        readied.clear()
+        assert fused.uses_tma(stream) is expect and readied == [True] * expect, (major, hip)
+
+
 def test_weight_gradient_reduces_over_token_chunks():
     """The weight gradient splits the tokens into chunks whose partial sums add up exactly as
     one product does (a token count spanning several chunks, with a ragged last one)."""
