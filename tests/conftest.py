@@ -38,6 +38,55 @@ os.environ["NANOCHAT_WIRINGS"] = os.path.join(os.path.dirname(os.path.abspath(__
 
 import pytest  # noqa: E402
 
+
+def _cache_interpreter_patches():
+    """Triton's interpreter patches triton.language's builtins before every kernel launch, and
+    again before every call of a @triton.jit helper inside the kernel, finding them each time
+    with inspect.getmembers over the language's modules: over a third of a small kernel's run
+    in the interpreter. Two shortcuts that change nothing the kernels compute: which members
+    are builtins is looked up once per module (each launch restores what it patched, so the
+    list is the same every time), and a helper's call inside a launch that already patched
+    its language modules patches nothing more. Ours, because the interpreter is only a test
+    harness here (no GPU code path changes)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if not all(hasattr(interpreter, name) for name in ("_patch_builtin", "_patch_attr", "_patch_lang",
+                                                       "_LangPatchScope")):
+        return
+    tl, inspect = interpreter.tl, interpreter.inspect
+    found, active = {}, set()
+
+    def patch_builtin(pkg, builder, scope):
+        if pkg not in found:
+            found[pkg] = [(name, member) for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+        for name, member in found[pkg]:
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    patch_lang_once = interpreter._patch_lang
+
+    def patch_lang(fn):
+        langs = {id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core)}
+        if langs and langs <= active:
+            return interpreter._LangPatchScope()
+        scope = patch_lang_once(fn)
+        active.update(langs)
+        restore = scope.restore
+
+        def restore_and_forget():
+            active.clear()
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    interpreter._patch_builtin = patch_builtin
+    interpreter._patch_lang = patch_lang
+
+
+_cache_interpreter_patches()
+
 from nanochat.data.local import build_offline_corpus, write_corpus  # noqa: E402
 from nanochat.data.shards import parquets_iter_batched  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
