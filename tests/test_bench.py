@@ -3,9 +3,9 @@ timings, the saved-for-backward count, the table, and its errors."""
 
 import json
 import statistics
-import subprocess
 import sys
 
+import launch
 import pytest
 
 from scripts import bench
@@ -119,7 +119,7 @@ def test_profile_lists_each_cases_top_ops(tmp_path, capsys):
 
 
 def test_help_runs():
-    result = subprocess.run([sys.executable, "-m", "scripts.bench", "--help"], capture_output=True, text=True)
+    result = launch.run([sys.executable, "-m", "scripts.bench", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     assert "--compile" in result.stdout and "python -m scripts.bench --device cuda" in result.stdout
 

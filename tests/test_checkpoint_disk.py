@@ -5,9 +5,9 @@ run stops with one error line), and --resume after pruning."""
 import errno
 import json
 import os
-import subprocess
 import sys
 
+import launch
 import pytest
 
 from nanochat import checkpoint as ckpt
@@ -108,8 +108,8 @@ def test_full_disk_stops_the_run_and_resume_continues_after_pruning(tmp_path, sm
     from tests.test_train_e2e import TINY, env_for, make_base, train, train_records
     base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
     args = [*TINY, "--num-iterations", "6", "--save-every", "1", "--keep-checkpoints", "1", "--model-tag", "full"]
-    proc = subprocess.run([sys.executable, "-c", FULL_DISK_AT_STEP_4, *args], cwd=REPO, env=env_for(base),
-                          capture_output=True, text=True, timeout=300)
+    proc = launch.run([sys.executable, "-c", FULL_DISK_AT_STEP_4, *args], cwd=REPO, env=env_for(base),
+                      capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "step 4 could not be written" in errors[0] and "No space left" in errors[0]
@@ -153,8 +153,8 @@ def test_out_of_memory_names_a_smaller_batch_and_the_run_resumes_at_it(tmp_path,
     config.write_text("device_batch_size = 4\n")
     args = [*TINY, "--config", str(config), "--device-batch-size", "auto", "--num-iterations", "4", "--save-every",
             "1", "--model-tag", "oom"]
-    proc = subprocess.run([sys.executable, "-c", OOM_AT_STEP_2, *args], cwd=REPO, env=env_for(base),
-                          capture_output=True, text=True, timeout=300)
+    proc = launch.run([sys.executable, "-c", OOM_AT_STEP_2, *args], cwd=REPO, env=env_for(base),
+                      capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "device batch 4: --device-batch-size auto sizes batches to a GPU's memory; on cpu" in proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

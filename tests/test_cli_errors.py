@@ -9,9 +9,9 @@ import importlib
 import importlib.util
 import io
 import os
-import subprocess
 import sys
 
+import launch
 import pytest
 import torch
 
@@ -204,8 +204,8 @@ def test_combinations_paths_and_choices_are_checked_at_parse_time():
 def run_cli(module, *args, base):
     env = dict(os.environ, NANOCHAT_BASE_DIR=str(base), OMP_NUM_THREADS="1", WANDB_MODE="disabled",
                NANOCHAT_DTYPE="float32", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return launch.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
+                      text=True, timeout=120)
 
 
 def assert_one_error(proc, *phrases):

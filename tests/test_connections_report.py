@@ -2,9 +2,9 @@
 
 import dataclasses
 import json
-import subprocess
 import sys
 
+import launch
 import pytest
 import torch
 
@@ -70,7 +70,7 @@ def test_params_custom_depth_and_factors(capsys):
 
 
 def test_help_runs():
-    result = subprocess.run([sys.executable, "-m", "scripts.hc_report", "--help"], capture_output=True, text=True)
+    result = launch.run([sys.executable, "-m", "scripts.hc_report", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--checkpoint" in result.stdout
 
 

@@ -12,6 +12,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import torch.distributed as dist
@@ -540,7 +541,6 @@ def tiny_run(tmp_path_factory):
 
 
 def run_cli(base, *args):
-    import subprocess
     import sys
 
     # one intra-op thread: a tiny model gains nothing from more, and on a shared 2-core
@@ -548,8 +548,8 @@ def run_cli(base, *args):
     env = dict(os.environ, NANOCHAT_BASE_DIR=str(base), NANOCHAT_DTYPE="float32", CUDA_VISIBLE_DEVICES="",
                OMP_NUM_THREADS="1")
     env.pop("NANOCHAT_EVAL_BUNDLE", None)
-    return subprocess.run([sys.executable, "-m", "scripts.base_eval", *args], cwd=Path(__file__).resolve().parents[1],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return launch.run([sys.executable, "-m", "scripts.base_eval", *args], cwd=Path(__file__).resolve().parents[1],
+                      env=env, capture_output=True, text=True, timeout=300)
 
 
 @needs_real_bundle

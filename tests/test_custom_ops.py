@@ -3,9 +3,10 @@ when transformers imports an exported model's code beside the project (nanochat/
 torch.library.custom_op would overwrite the first definition, and the project's next call of
 the op reached a freed operator (std::bad_alloc or a segmentation fault, at random)."""
 
-import subprocess
 import sys
 import textwrap
+
+import launch
 
 CHECK = textwrap.dedent("""
     import gc, importlib.util, sys
@@ -36,5 +37,5 @@ CHECK = textwrap.dedent("""
 
 
 def test_a_second_copy_of_the_modules_keeps_the_first_definitions():
-    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300)
+    result = launch.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr[-3000:]

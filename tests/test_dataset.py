@@ -7,7 +7,6 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import launch
 import pytest
 
 from nanochat import dataset
@@ -198,13 +198,13 @@ def test_bad_shard_count_is_refused(tmp_path):
 
 def test_cli_download_env_url_and_failure_exit(served, tmp_path):
     env = dict(os.environ, NANOCHAT_DATA_URL=served.url)
-    ok = subprocess.run([sys.executable, "-m", "nanochat.dataset", "-n", "3", "--data-dir", str(tmp_path / "a")],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    ok = launch.run([sys.executable, "-m", "nanochat.dataset", "-n", "3", "--data-dir", str(tmp_path / "a")],
+                    cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert sorted(f for f in os.listdir(tmp_path / "a") if f.endswith(".parquet")) == \
         sorted([shard_name(0), shard_name(1), shard_name(2), VAL])
     # shard_00003 does not exist on the server: non-zero exit and a message naming it
-    bad = subprocess.run([sys.executable, "-m", "nanochat.dataset", "-n", "4", "--base-url", served.url,
+    bad = launch.run([sys.executable, "-m", "nanochat.dataset", "-n", "4", "--base-url", served.url,
                           "--data-dir", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0
     assert "shard_00003.parquet" in bad.stderr and "1 of 5 shards failed" in bad.stderr
@@ -286,8 +286,8 @@ def _texts(directory):
 def test_offline_corpus_is_deterministic_and_marked(offline_corpus_dir, tmp_path):
     other = tmp_path / "again"
     env = dict(os.environ, PYTHONHASHSEED="12345")  # a different set/dict order must not matter
-    run = subprocess.run([sys.executable, "-m", "nanochat.dataset", "--offline", "--data-dir", str(other)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    run = launch.run([sys.executable, "-m", "nanochat.dataset", "--offline", "--data-dir", str(other)],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "OFFLINE CORPUS" in run.stdout
     first, second = _texts(offline_corpus_dir), _texts(other)

@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 
 # No test reaches the Hub: conftest.py sets HF_HUB_OFFLINE, HF_DATASETS_OFFLINE and a
 # session HF_HOME before anything imports `datasets`.
 import pyarrow as pa
 import pyarrow.parquet as pq
+import launch
 import pytest
 from filelock import FileLock
 
@@ -145,8 +145,8 @@ def test_killed_conversion_resumes_to_the_same_result(tmp_path, source, where, s
     reference = convert(source, tmp_path / "ref", *flags)
     args = ["--from-hf", "json", "--hf-data-files", str(source / "*.jsonl"), "--data-dir", str(tmp_path / "out"), *flags]
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-c", KILLER, where, *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = launch.run([sys.executable, "-c", KILLER, where, *args], cwd=REPO, env=env, capture_output=True,
+                      text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     marker = json.load(open(tmp_path / "out" / MARKER))
     assert marker["complete"] is False and marker["checkpoint"]["train_shards"] == 1  # val + shard 0 finished
@@ -270,7 +270,7 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path, source, capsys):
 
 
 def test_a_bad_source_through_the_cli_has_no_traceback(tmp_path, source):
-    proc = subprocess.run([sys.executable, "-m", "nanochat.dataset", "--from-hf", "json", "--hf-data-files",
+    proc = launch.run([sys.executable, "-m", "nanochat.dataset", "--from-hf", "json", "--hf-data-files",
                            str(source / "*.jsonl"), "--hf-split", "test", "--data-dir", str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

@@ -5,10 +5,10 @@ so of a checkpoint whose connection parameters sit exactly at their start."""
 
 import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 
@@ -71,14 +71,14 @@ def test_base_train_warns_once_after_the_first_step_of_a_wiring_that_cannot_lear
     """The first gradient after an optimizer step decides (step 1): in step 0 the zero output
     projections leave HC and the residual scalars without a gradient too, which is no warning."""
     args = [*TINY, "--num-iterations", "3", "--model-tag"]
-    dead = subprocess.run([sys.executable, "-c", NAIVE_REZERO, *args, "naive", "--hc", "naive_rezero"], cwd=REPO,
-                          env=env_for(base), capture_output=True, text=True, timeout=300)
+    dead = launch.run([sys.executable, "-c", NAIVE_REZERO, *args, "naive", "--hc", "naive_rezero"], cwd=REPO,
+                      env=env_for(base), capture_output=True, text=True, timeout=300)
     assert dead.returncode == 0, dead.stderr[-3000:]
     lines = [line for line in dead.stdout.splitlines() if line.startswith(WARNING)]
     assert len(lines) == 1 and "in step 1" in lines[0], dead.stdout[-3000:]
     for hc in ("hc_identity", "residual"):
-        alive = subprocess.run([sys.executable, "-m", "scripts.base_train", *args, hc, "--hc", hc], cwd=REPO,
-                               env=env_for(base), capture_output=True, text=True, timeout=300)
+        alive = launch.run([sys.executable, "-m", "scripts.base_train", *args, hc, "--hc", hc], cwd=REPO,
+                           env=env_for(base), capture_output=True, text=True, timeout=300)
         assert alive.returncode == 0 and WARNING not in alive.stdout, (hc, alive.stdout[-2000:])
     records = [json.loads(line) for line in (Path(base) / "runs" / "hc_identity" / "metrics.jsonl").open()]
     first = next(r for r in records if r["kind"] == "train" and r["step"] == 0)

@@ -7,10 +7,10 @@ refuses it in one line."""
 
 import json
 import os
-import subprocess
 import sys
 import types
 
+import launch
 import pytest
 import torch
 
@@ -146,7 +146,7 @@ def test_a_wiring_claiming_hyper_connection_layers_must_build_them(monkeypatch):
 @pytest.mark.parametrize("value, message", [("no/such/file.py", "is not a .py file"),
                                              ("tests/wirings", "is not a .py file")])
 def test_nanochat_wirings_names_a_bad_path_in_one_line(value, message):
-    run = subprocess.run([sys.executable, "-m", "scripts.hc_report", "--params"], cwd=REPO, capture_output=True,
-                         text=True, env=dict(os.environ, NANOCHAT_WIRINGS=value), timeout=120)
+    run = launch.run([sys.executable, "-m", "scripts.hc_report", "--params"], cwd=REPO, capture_output=True,
+                     text=True, env=dict(os.environ, NANOCHAT_WIRINGS=value), timeout=120)
     assert run.returncode != 0 and message in run.stderr
     assert run.stderr.count("NANOCHAT_WIRINGS") == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]

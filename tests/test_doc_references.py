@@ -6,10 +6,10 @@ written."""
 
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 
 from test_train_e2e import base, env_for  # noqa: F401 (a fixture)
@@ -76,8 +76,8 @@ def test_the_documented_tiny_run_of_a_new_wiring_runs_as_written(base):  # noqa:
     for line in lines[1:]:
         argv = shlex.split(line.replace("NAME", "laurel"))
         assert argv[:2] == ["python", "-m"]
-        proc = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env_for(base), capture_output=True,
-                              text=True, timeout=300)
+        proc = launch.run([sys.executable, *argv[1:]], cwd=REPO, env=env_for(base), capture_output=True,
+                          text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs.append(proc.stdout)
     assert "step 00010 | val bpb" in outputs[0] and "try_laurel" in outputs[1] and "wrote" in outputs[1]

@@ -3,10 +3,10 @@ Little's-law need, and (compiled for sm_90 without a GPU) the two seam tilings a
 which the estimate must order as the GPU did."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
+import launch
 import pytest
 
 from nanochat import in_flight
@@ -133,8 +133,8 @@ TILINGS = textwrap.dedent("""
 def test_the_estimate_orders_the_two_measured_tilings_as_the_h200_did():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT
-    out = subprocess.run([sys.executable, "-c", TILINGS], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=600)
+    out = launch.run([sys.executable, "-c", TILINGS], capture_output=True, text=True, env=env, cwd=ROOT,
+                     timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     found = {(int(t), name): (float(per_sm), float(s))
              for t, name, per_sm, s in map(str.split, out.stdout.splitlines())}

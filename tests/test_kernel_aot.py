@@ -3,10 +3,10 @@ its checks, and a real ahead-of-time compile for sm_90 without a GPU of a kernel
 registers and one that cannot, read back from the binary."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
+import launch
 import pytest
 
 from nanochat import kernel_aot
@@ -127,8 +127,8 @@ def test_a_kernel_compiles_for_sm90_and_its_resources_are_read(tmp_path):
     script.write_text(COMPILE)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = ROOT
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=300)
+    out = launch.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                     timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     found = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
     # TMA's loads: compiled only for a target that has them, where they are bulk copies at the

@@ -13,10 +13,10 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 import torch.nn.functional as F
@@ -262,7 +262,7 @@ def test_two_ranks_split_the_documents_and_rank0_writes_the_record(setup, tmp_pa
     run_dir, _, tasks, model, tokenizer = setup
     env = dict(os.environ, OMP_NUM_THREADS="1")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run([*torchrun, "-m", "scripts.lm_eval", "--run-dir", str(run_dir), "--tasks",
+    proc = launch.run([*torchrun, "-m", "scripts.lm_eval", "--run-dir", str(run_dir), "--tasks",
                            "toy_mc,toy_ppl", "--include-path", str(tasks), "--device-type", "cpu", "--batch-size", "2",
                            "--bootstrap-iters", "0", "--step", "10"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import launch
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -334,8 +335,8 @@ def _run_workers(out_dir, world=2, timeout=120):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
                OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     worker = os.path.join(REPO, "tests", "dist_optim_worker.py")
-    procs = [subprocess.Popen([sys.executable, worker, str(out_dir)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [launch.Popen([sys.executable, worker, str(out_dir)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:

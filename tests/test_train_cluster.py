@@ -7,11 +7,11 @@ row group that only rank 1 reads ends both ranks at once with rank 1's error."""
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import pyarrow.parquet as pq
+import launch
 import pytest
 import torch
 from test_optim import _free_port
@@ -30,7 +30,7 @@ DOC = ("The stream connections mix n copies of the residual state with a doubly 
 ARGS = ["--hc", "kromhc", "--num-iterations", "8", "--eval-every", "-1", "--eval-tokens", str(40 * 64)]
 
 
-def launch(base, world, *args, code=None, timeout=300):
+def start_ranks(base, world, *args, code=None, timeout=300):
     """Start `world` ranks of base_train (or of the program `code`, given the same argv) and
     wait for all of them; returns [(exit status, stdout, stderr)] by rank and the seconds taken."""
     env = dict(env_for(base), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
@@ -40,8 +40,8 @@ def launch(base, world, *args, code=None, timeout=300):
     procs, started = [], time.time()
     for r in range(world):
         out, err = open(os.path.join(logs, f"{r}.out"), "w"), open(os.path.join(logs, f"{r}.err"), "w")
-        procs.append(subprocess.Popen([sys.executable, *program, *TINY, *args], cwd=REPO, stdout=out, stderr=err,
-                                      env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
+        procs.append(launch.Popen([sys.executable, *program, *TINY, *args], cwd=REPO, stdout=out, stderr=err,
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
     try:
         for p in procs:
             p.wait(timeout=max(1, started + timeout - time.time()))
@@ -97,7 +97,7 @@ def cluster(tmp_path_factory, small_corpus_dir, tokenizer_dir):
 def test_four_ranks_equal_one_process_and_resume_on_two_then_four(cluster):
     base, run = cluster, os.path.join(cluster, "runs", "elastic")
     single = train_records(base, "single")
-    out = succeeded(launch(base, 4, *ARGS, "--device-batch-size", "2", "--save-every", "2", "--keep-checkpoints",
+    out = succeeded(start_ranks(base, 4, *ARGS, "--device-batch-size", "2", "--save-every", "2", "--keep-checkpoints",
                            "-1", "--model-tag", "elastic")[0])
     assert "checked before step 0: 4 rank(s)" in out and "val rows per rank 10-10 of 40" in out
     assert_losses_close(train_records(base, "elastic"), single)
@@ -105,14 +105,14 @@ def test_four_ranks_equal_one_process_and_resume_on_two_then_four(cluster):
     straight = final_state(base, "elastic")
 
     rewind(run, 4)  # 4 -> 2 ranks from step 4
-    out = succeeded(launch(base, 2, *ARGS, "--device-batch-size", "2", "--save-every", "2", "--keep-checkpoints",
+    out = succeeded(start_ranks(base, 2, *ARGS, "--device-batch-size", "2", "--save-every", "2", "--keep-checkpoints",
                            "-1", "--model-tag", "elastic", "--resume", "true")[0])
     assert "resuming on 2 ranks a checkpoint written by 4" in out and "not bitwise" in out
     assert "resumed from step 4" in out and json.load(open(os.path.join(run, "meta_000008.json")))["world_size"] == 2
     assert_losses_close(train_records(base, "elastic"), single)
 
     rewind(run, 6)  # 2 -> 4 ranks from step 6
-    out = succeeded(launch(base, 4, *ARGS, "--device-batch-size", "2", "--model-tag", "elastic", "--resume",
+    out = succeeded(start_ranks(base, 4, *ARGS, "--device-batch-size", "2", "--model-tag", "elastic", "--resume",
                            "true")[0])
     assert "resuming on 4 ranks a checkpoint written by 2" in out
     assert_losses_close(train_records(base, "elastic"), single)
@@ -129,7 +129,7 @@ def test_four_ranks_equal_one_process_and_resume_on_two_then_four(cluster):
 
 def test_eight_ranks_on_four_val_row_groups_equal_one_process(cluster):
     base = cluster
-    out = succeeded(launch(base, 8, *ARGS, "--device-batch-size", "1", "--model-tag", "eight")[0])
+    out = succeeded(start_ranks(base, 8, *ARGS, "--device-batch-size", "1", "--model-tag", "eight")[0])
     assert "val rows per rank 5-5 of 40" in out
     assert_losses_close(train_records(base, "eight"), train_records(base, "single"))
     assert summary_of(base, "eight")["val_bpb"] == pytest.approx(summary_of(base, "single")["val_bpb"], rel=1e-5)
@@ -161,8 +161,8 @@ base_train.cli(sys.argv[1:])
 def test_sigterm_to_one_rank_saves_and_the_resumed_run_is_bitwise(tmp_path, small_corpus_dir, tokenizer_dir):
     base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
     args = ["--hc", "kromhc", "--num-iterations", "6", "--device-batch-size", "2"]
-    succeeded(launch(base, 2, *args, "--model-tag", "straight")[0])
-    results, _ = launch(base, 2, *args, "--model-tag", "stopped", code=SIGNALS)
+    succeeded(start_ranks(base, 2, *args, "--model-tag", "straight")[0])
+    results, _ = start_ranks(base, 2, *args, "--model-tag", "stopped", code=SIGNALS)
     assert [code for code, _, _ in results] == [EXIT_PREEMPTED] * 2, results
     out = results[0][1]
     assert "preempted (SIGTERM received): saved the checkpoint of step 4 of 6" in out
@@ -172,7 +172,7 @@ def test_sigterm_to_one_rank_saves_and_the_resumed_run_is_bitwise(tmp_path, smal
     assert json.load(open(os.path.join(run, "preempted.json")))["step"] == 4
     assert [r["step"] for r in train_records(base, "stopped")] == [0, 1, 2, 3]
 
-    succeeded(launch(base, 2, *args, "--model-tag", "stopped", "--resume", "true")[0])
+    succeeded(start_ranks(base, 2, *args, "--model-tag", "stopped", "--resume", "true")[0])
     assert not os.path.exists(os.path.join(run, "preempted.json"))
     straight, resumed = train_records(base, "straight"), train_records(base, "stopped")
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight] and len(resumed) == 6  # bitwise
@@ -187,7 +187,7 @@ def test_a_corrupt_row_group_on_rank_1_ends_both_ranks_with_its_error(tmp_path, 
     with open(shard, "r+b") as f:
         f.seek(chunk.data_page_offset + 8)
         f.write(b"\xff" * (chunk.total_compressed_size - 16))
-    results, elapsed = launch(base, 2, "--num-iterations", "4", "--dist-timeout", "300", "--model-tag", "bad")
+    results, elapsed = start_ranks(base, 2, "--num-iterations", "4", "--dist-timeout", "300", "--model-tag", "bad")
     assert [code for code, _, _ in results] == [1, 1], results
     errors = [[line for line in err.splitlines() if line.startswith("error:")] for _, _, err in results]
     assert len(errors[1]) == 1 and errors[1][0].startswith("error: corrupt shard: row group 1 of")
@@ -214,11 +214,11 @@ def test_a_signal_before_due_evaluations_saves_first_and_they_run_on_resume(tmp_
     requested since the step's vote is agreed on before them, and the resumed run does them."""
     base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
     args = ["--num-iterations", "4", "--eval-every", "2", "--model-tag", "evals"]
-    results, _ = launch(base, 1, *args, code=BEFORE_EVALUATIONS)
+    results, _ = start_ranks(base, 1, *args, code=BEFORE_EVALUATIONS)
     assert [code for code, _, _ in results] == [EXIT_PREEMPTED], results
     run = os.path.join(base, "runs", "evals")
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     assert ckpt.latest_step(run) == 2 and [(r["kind"], r["step"]) for r in records if r["kind"] == "val"] == [("val", 0)]
-    succeeded(launch(base, 1, *args, "--resume", "true")[0])
+    succeeded(start_ranks(base, 1, *args, "--resume", "true")[0])
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     assert [r["step"] for r in records if r["kind"] == "val"] == [0, 2, 4]

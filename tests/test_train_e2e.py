@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import launch
 import pytest
 import torch
 
@@ -42,8 +43,8 @@ def env_for(base):
 
 
 def train(base, *args, check=True, timeout=300):
-    proc = subprocess.run([sys.executable, "-m", "scripts.base_train", *TINY, *args], cwd=REPO, env=env_for(base),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = launch.run([sys.executable, "-m", "scripts.base_train", *TINY, *args], cwd=REPO, env=env_for(base),
+                      capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"base_train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -134,8 +135,8 @@ def kill_resume_and_compare(base, args):
     """Train `args` straight (tag 'straight'), then again (tag 'killed') with a SIGKILL after
     its checkpoint of step 4, resume it: losses and final weights equal bitwise."""
     train(base, *args, "--model-tag", "straight")
-    proc = subprocess.Popen([sys.executable, "-m", "scripts.base_train", *TINY, *args, "--model-tag", "killed"],
-                            cwd=REPO, env=env_for(base), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch.Popen([sys.executable, "-m", "scripts.base_train", *TINY, *args, "--model-tag", "killed"],
+                        cwd=REPO, env=env_for(base), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = os.path.join(base, "runs", "killed")
     deadline = time.time() + 240
     while time.time() < deadline and (ckpt.latest_step(run) or 0) < 4 and proc.poll() is None:
@@ -184,8 +185,8 @@ base_train.main(sys.argv[1:])
 
 def test_kill_during_checkpoint_write_keeps_previous_checkpoint(base):
     args = [*TINY, "--num-iterations", "6", "--save-every", "2", "--model-tag", "torn"]
-    proc = subprocess.run([sys.executable, "-c", KILL_MID_SAVE, *args], cwd=REPO, env=env_for(base),
-                          capture_output=True, text=True, timeout=300)
+    proc = launch.run([sys.executable, "-c", KILL_MID_SAVE, *args], cwd=REPO, env=env_for(base),
+                      capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL
     run = os.path.join(base, "runs", "torn")
     assert ckpt.latest_step(run) == 2
@@ -216,8 +217,8 @@ base_train.main(sys.argv[1:])
 
 def test_non_finite_loss_stops_and_names_the_step(base):
     args = [*TINY, "--num-iterations", "6", "--save-every", "2", "--model-tag", "nan"]
-    proc = subprocess.run([sys.executable, "-c", NAN_AT_STEP_3, *args], cwd=REPO, env=env_for(base),
-                          capture_output=True, text=True, timeout=300)
+    proc = launch.run([sys.executable, "-c", NAN_AT_STEP_3, *args], cwd=REPO, env=env_for(base),
+                      capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "non-finite training loss" in proc.stderr and "at step 3" in proc.stderr
     assert "last good checkpoint is step 2" in proc.stderr
@@ -248,7 +249,7 @@ base_train.main(sys.argv[1:])
 
 
 def test_non_finite_parameters_are_never_saved(base):
-    proc = subprocess.run([sys.executable, "-c", INF_AFTER_STEP_0, *TINY, "--num-iterations", "4", "--save-every",
+    proc = launch.run([sys.executable, "-c", INF_AFTER_STEP_0, *TINY, "--num-iterations", "4", "--save-every",
                            "1", "--model-tag", "inf"], cwd=REPO, env=env_for(base), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
