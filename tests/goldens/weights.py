@@ -61,11 +61,10 @@ def fingerprint(t):
 
 def mismatch(ours, golden):
     """(largest deviation, statistic): how far the fingerprint of tensor `ours` is from the
-    fingerprint `golden`, every statistic's difference divided by the golden's L1 norm. If
-    each entry of ours is within r |golden entry| of the golden's, every statistic is within r
-    of the L1 norm (each is a sum of entries, or at most their L1 norm), so that the deviation
-    is at most r; a different shape is an infinite one. A golden of zeros takes the absolute
-    difference against the smallest normal number: it must be zeros."""
+    fingerprint `golden`, every statistic's difference divided by the golden's L1 norm. No
+    statistic moves by more than the L1 norm of the difference of the tensors, so entries each
+    within r of their own size give a deviation of at most r; a different shape is an infinite
+    one. A golden of zeros is divided by the smallest normal number instead: ours must be zeros."""
     mine = fingerprint(ours)
     if mine["shape"] != golden["shape"]:
         return float("inf"), "shape"
