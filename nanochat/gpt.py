@@ -465,7 +465,9 @@ class GPT(nn.Module):
         sizes[-1] = full  # the last layer always sees the whole context
         return sizes
 
-    def _rotary_tables(self, length, device=None):
+    def _rotary_tables(self, length, device=None, dtype=torch.float32):
+        """(cos, sin), each (1, length, 1, head_dim / 2), computed in `dtype`: fp32 as nanochat,
+        fp64 in an fp64 model (build_model's dtype), whose tables fp32 would round."""
         base = self.shape.rope_base
         half = self.head_dim // 2
         if torch.empty(0, device=device).is_meta:
@@ -473,8 +475,8 @@ class GPT(nn.Module):
             # arange there goes through torch._refs, whose first call imports torch._dynamo (1.5 s)
             shape = (1, length, 1, half)
             return torch.empty(shape, device=device), torch.empty(shape, device=device)
-        inv_freq = 1.0 / (base ** (torch.arange(0, half, dtype=torch.float32, device=device) / half))
-        freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
+        inv_freq = 1.0 / (base ** (torch.arange(0, half, dtype=dtype, device=device) / half))
+        freqs = torch.outer(torch.arange(length, dtype=dtype, device=device), inv_freq)
         return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
 
     @torch.no_grad()
@@ -507,9 +509,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init
         self.connections.init_weights()
         self.connections.init_sublayers([sub for block in self.transformer.h for sub in (block.attn, block.mlp)])
-        cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device)
-        self.cos.copy_(cos)
-        self.sin.copy_(sin)
+        self.fill_rotary_tables()
         if attention_backend(self.config.attention, self.cos.device) == "flex":
             # The training length's block masks, built here, outside any compiled region, so
             # that a compiled forward finds them in the cache instead of rebuilding them.
@@ -527,6 +527,14 @@ class GPT(nn.Module):
             # As nanochat: embedding tables in bf16 on CUDA (half the memory, and their
             # AdamW state follows); the lookups feed bf16 compute anyway.
             self.cast_embeddings(torch.bfloat16)
+
+    def fill_rotary_tables(self):
+        """The rotary buffers, computed in fp32, or in fp64 for fp64 buffers (init_weights fills
+        them, and build_model again after a cast); a narrower buffer takes the fp32 tables rounded."""
+        dtype = torch.promote_types(self.cos.dtype, torch.float32)
+        cos, sin = self._rotary_tables(self.rotary_len, device=self.cos.device, dtype=dtype)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
 
     def cast_embeddings(self, dtype):
         """The token and value embedding tables in `dtype` (bf16 on CUDA, as nanochat; the CPU
@@ -839,12 +847,18 @@ class Embedding(nn.Embedding):
             super().reset_parameters()
 
 
-def build_model(config, device):
+def build_model(config, device, dtype=None):
     """Construct on the meta device (no memory, no wasted init), move to `device`, then
     initialize for real. A checkpoint is loaded on top of this: the init also computes the
-    non-persistent buffers (rotary tables, permutation matrices) that state dicts lack."""
+    non-persistent buffers (rotary tables, permutation matrices) that state dicts lack.
+    dtype (torch.float64 for the comparisons with nanochat's code, tests/goldens/): every
+    parameter and buffer cast to it after the init (the same draws, widened), the rotary
+    tables computed again in it."""
     with torch.device("meta"):
         model = GPT(config)
     model.to_empty(device=device)
     model.init_weights()
+    if dtype is not None:
+        model.to(dtype)
+        model.fill_rotary_tables()
     return model

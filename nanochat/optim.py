@@ -104,20 +104,27 @@ def polar_express(G, ns_steps=5, norm_factor=1.02):
     return X
 
 
+def _wide(x):
+    """x in fp32 at least: bf16 widened for the arithmetic, as nanochat's `.float()`, but fp64
+    kept (an fp64 model, as tests/goldens/ compares, steps in fp64 throughout)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def adamw_update(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd, nanochat_order=False):
     """One AdamW step on one tensor, in place: decoupled weight decay, bias-corrected moments.
-    The math runs in fp32 and is written back in each tensor's own dtype (bf16 embeddings
-    on CUDA keep bf16 state). Hyper-parameters are 0-D CPU tensors. nanochat_order: the same
-    formulas in nanochat's order of operations (moments by lerp, the step through add_'s alpha)."""
+    The math runs in fp32 (fp64 for fp64 tensors) and is written back in each tensor's own
+    dtype (bf16 embeddings on CUDA keep bf16 state). Hyper-parameters are 0-D CPU tensors.
+    nanochat_order: the same formulas in nanochat's order of operations (moments by lerp, the
+    step through add_'s alpha)."""
     if nanochat_order:
         _adamw_in_nanochat_order(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd)
         return
-    g = grad.float()
-    m = exp_avg.float() * beta1 + g * (1 - beta1)
-    v = exp_avg_sq.float() * beta2 + g.square() * (1 - beta2)
+    g = _wide(grad)
+    m = _wide(exp_avg) * beta1 + g * (1 - beta1)
+    v = _wide(exp_avg_sq) * beta2 + g.square() * (1 - beta2)
     bias1 = 1 - beta1 ** step
     bias2 = 1 - beta2 ** step
-    new_p = p.float() * (1 - lr * wd) - (lr / bias1) * m / ((v / bias2).sqrt() + eps)
+    new_p = _wide(p) * (1 - lr * wd) - (lr / bias1) * m / ((v / bias2).sqrt() + eps)
     p.copy_(new_p)
     exp_avg.copy_(m)
     exp_avg_sq.copy_(v)
@@ -127,8 +134,8 @@ def _adamw_in_nanochat_order(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta
     """adamw_update's formulas evaluated as nanochat 92d63d4's adamw_step_fused evaluates
     them, so that fp32 results agree bit for bit (lerp rounds unlike m beta1 + g (1 - beta1),
     and add_ with alpha may fuse the multiply)."""
-    g = grad.float()
-    p32, m, v = p.float(), exp_avg.float(), exp_avg_sq.float()  # fp32 tensors are updated in place
+    g = _wide(grad)
+    p32, m, v = _wide(p), _wide(exp_avg), _wide(exp_avg_sq)  # fp32 tensors are updated in place
     p32.mul_(1 - lr * wd)
     m.lerp_(g, 1 - beta1)
     v.lerp_(g.square(), 1 - beta2)
@@ -143,9 +150,9 @@ def _adamw_in_nanochat_order(p, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta
 def muoneq(X):
     """MuonEq row equilibration (arXiv 2603.28254): every row of each matrix rescaled to the
     matrix's RMS row norm ||X||_F / sqrt(rows), which leaves ||X||_F unchanged and conditions
-    the spectrum that enters the orthogonalization. Norms in fp32 (X may be bf16)."""
-    target = X.float().norm(dim=(-2, -1), keepdim=True) / X.size(-2) ** 0.5
-    row_norm = X.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    the spectrum that enters the orthogonalization. Norms in fp32 at least (X may be bf16)."""
+    target = _wide(X).norm(dim=(-2, -1), keepdim=True) / X.size(-2) ** 0.5
+    row_norm = _wide(X).norm(dim=-1, keepdim=True).clamp_min(1e-6)
     return X * (target / row_norm).to(X.dtype)
 
 
@@ -154,7 +161,7 @@ def muon_plus(X):
     that of an exactly semi-orthogonal matrix, which Polar Express's singular values near 1
     only approach."""
     target = min(X.size(-2), X.size(-1)) ** 0.5
-    norm = X.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
+    norm = _wide(X).norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)
     return X * (target / norm).to(X.dtype)
 
 
@@ -163,7 +170,7 @@ def normuon(X, second_momentum_buffer, beta2, red_dim, nanochat_order=False):
     scales; divide each by the root of an EMA of its mean square (taken over red_dim, the
     shorter dim; the buffer is updated in place), then restore the matrix's Frobenius norm.
     nanochat_order: the norms from the mean squares, as nanochat evaluates them."""
-    v_mean = X.float().square().mean(dim=red_dim, keepdim=True)
+    v_mean = _wide(X).square().mean(dim=red_dim, keepdim=True)
     if not nanochat_order:
         second_momentum_buffer.mul_(beta2).add_((1 - beta2) * v_mean.to(second_momentum_buffer.dtype))
         U = X * second_momentum_buffer.clamp_min(1e-10).rsqrt()
@@ -173,7 +180,7 @@ def normuon(X, second_momentum_buffer, beta2, red_dim, nanochat_order=False):
     norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * n).sqrt()
     second_momentum_buffer.lerp_(v_mean.to(second_momentum_buffer.dtype), 1 - beta2)
     scale = second_momentum_buffer.clamp_min(1e-10).rsqrt()
-    new_norm = ((v_mean * n) * scale.float().square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    new_norm = ((v_mean * n) * _wide(scale).square()).sum(dim=(-2, -1), keepdim=True).sqrt()
     return X * (scale * (norm / new_norm.clamp_min(1e-10))).to(X.dtype)
 
 
@@ -199,6 +206,8 @@ def muon_update(grads, params, momentum_buffer, second_momentum_buffer, momentum
         X = muon_plus(X)
     U = normuon(X, second_momentum_buffer, beta2, red_dim, nanochat_order)
     # Cautious weight decay: decay only the coordinates the update moves the same way.
+    # lr wd in the params' dtype, as nanochat: an fp32 product would round an fp64 step
+    lr, wd = lr.to(params.dtype), wd.to(params.dtype)
     mask = (U * params) >= 0
     params.sub_(lr * U + (lr * wd) * params * mask)
 
@@ -380,9 +389,11 @@ class MuonAdamW(torch.optim.Optimizer):
         red_dim = -1 if rows >= cols else -2
         scalars = self._fill(momentum=group["momentum"], muon_lr=group["lr"] * max(1.0, rows / cols) ** 0.5,
                              muon_wd=group["weight_decay"], muon_beta2=group["beta2"])
+        # fp64 params (the reference comparisons, tests/goldens/) are orthogonalized in fp64
+        ortho_dtype = torch.float64 if params.dtype == torch.float64 else _ortho_dtype(params.device.type)
         kernel = _kernel(muon_update, params.device, dynamic=False)
         kernel(grads, params, state["momentum_buffer"], state["second_momentum_buffer"], *scalars,
-               group["ns_steps"], red_dim, _ortho_dtype(params.device.type), use_muoneq=group["muoneq"],
+               group["ns_steps"], red_dim, ortho_dtype, use_muoneq=group["muoneq"],
                use_muon_plus=group["muon_plus"], norm_factor=group["polar_norm_factor"],
                nanochat_order=group["nanochat_order"])
 

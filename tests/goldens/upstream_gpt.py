@@ -4,20 +4,24 @@
     python tests/goldens/upstream_gpt.py --nanochat nanochat --out tests/goldens/gpt_92d63d4.json
 
 Runs in its own process with that checkout first on sys.path (its package is also called
-`nanochat`; ours is never imported here), on the CPU in fp32 (NANOCHAT_DTYPE=float32), with
-torch.compile disabled (its optimizer compiles its step functions; eager is the same math).
-Records, for a tiny model (SHAPE) and one batch (weights.batch):
-  init     every parameter after its init_weights under torch.manual_seed(SEED)
-  logits   the logits, and the loss, with every parameter set by name (weights.tensor_for)
+`nanochat`; ours is never imported here), on the CPU, with torch.compile disabled (its
+optimizer compiles its step functions; eager is the same math) and, but for the init, in fp64
+(its parameters cast, and upstream.run_in_float64: its compute dtype, its `.float()` casts,
+its rotary tables). Records the fingerprints (weights.fingerprint) of, for a tiny model
+(SHAPE) and one batch (weights.batch):
+  init     every parameter after its init_weights under torch.manual_seed(SEED), drawn in
+           fp32 as nanochat draws them
+  logits   the logits, and the loss, of the model in fp64 with every parameter set by name
+           (weights.tensor_for)
   grads    every parameter's gradient of that loss
   step     every parameter after one step of its MuonAdamW with the groups of its
            setup_optimizer(**OPTIMIZER)
-tests/test_trunk_2026_07.py gives our model the same weights and batch and compares digests.
+tests/test_trunk_2026_07.py gives our model the same weights and batch and compares them.
 """
 
 import json
 
-from upstream import COMMIT, open_checkout
+from upstream import COMMIT, open_checkout, run_in_float64
 
 SHAPE = dict(sequence_len=512, vocab_size=300, n_layer=4, n_head=4, n_kv_head=2, n_embd=64, window_pattern="SL")
 BATCH = dict(B=2, T=160)  # T > the short window (128 at sequence_len 512), so the windows mask
@@ -32,9 +36,10 @@ def offsets(name):
 
 def main():
     args = open_checkout(__doc__.splitlines()[0])
+    run_in_float64()
     import torch
     from nanochat.gpt import GPT, GPTConfig  # nanochat at COMMIT
-    from weights import batch, digest, tensor_for
+    from weights import batch, fingerprint, tensor_for
 
     def fresh():
         with torch.device("meta"):
@@ -43,26 +48,27 @@ def main():
         return model
 
     torch.manual_seed(SEED)
-    model = fresh()
+    model = fresh()  # fp32 parameters: the draws as nanochat makes them
     model.init_weights()
     golden = {"commit": COMMIT, "shape": SHAPE, "batch": BATCH, "seed": SEED, "optimizer": OPTIMIZER,
-              "init": {name: digest(p) for name, p in model.named_parameters()}}
+              "init": {name: fingerprint(p) for name, p in model.named_parameters()}}
 
-    model = fresh()
-    model.init_weights()  # buffers (rotary tables)
+    model = fresh().to(torch.float64)
+    model.init_weights()  # buffers (rotary tables, in fp64)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(tensor_for(name, p.shape, offsets(name)))
+    assert {p.dtype for p in model.parameters()} == {model.cos.dtype} == {torch.float64}
     idx, targets = batch(SHAPE["vocab_size"], **BATCH)
     with torch.no_grad():
-        golden["logits"] = digest(model(idx))
+        golden["logits"] = fingerprint(model(idx))
     loss = model(idx, targets)
     loss.backward()
-    golden["loss"] = digest(loss)
-    golden["grads"] = {name: digest(p.grad) for name, p in model.named_parameters()}
+    golden["loss"] = fingerprint(loss)
+    golden["grads"] = {name: fingerprint(p.grad) for name, p in model.named_parameters()}
     optimizer = model.setup_optimizer(**OPTIMIZER)
     optimizer.step()
-    golden["step"] = {name: digest(p) for name, p in model.named_parameters()}
+    golden["step"] = {name: fingerprint(p) for name, p in model.named_parameters()}
     with open(args.out, "w") as f:
         json.dump(golden, f, indent=1)
     print(f"wrote {args.out}: loss {loss.item():.6f}")

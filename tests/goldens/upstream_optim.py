@@ -4,19 +4,20 @@
     python tests/goldens/upstream_optim.py --nanochat nanochat --out tests/goldens/optim_92d63d4.json
 
 Runs in its own process with that checkout first on sys.path (its package is also called
-`nanochat`; ours is never imported here), on the CPU in fp32 (NANOCHAT_DTYPE=float32, which
-its common.py reads to choose COMPUTE_DTYPE, so that its Muon step never casts to bf16), with
+`nanochat`; ours is never imported here), on the CPU in fp64 (upstream.run_in_float64: its
+COMPUTE_DTYPE, so that its Muon step neither casts to bf16 nor rounds to fp32), with
 torch.compile disabled (its step functions are compiled; eager is the same math). Its
 single-process MuonAdamW takes the groups of `groups` (LAYOUT: Muon stacks of tall, wide and
 square matrices, AdamW tensors with the betas and weight decays of its setup_optimizer) and
 runs STEPS steps, the hyperparameters changed by `schedule` before each, the parameters and
-gradients set by name (weights.tensor_for). Records every parameter after the last step.
-tests/test_optim_2026.py runs our optimizer on the same values and compares digests.
+gradients set by name (weights.tensor_for, fp64). Records the fingerprint
+(weights.fingerprint) of every parameter after the last step.
+tests/test_optim_2026.py runs our optimizer on the same values and compares them.
 """
 
 import json
 
-from upstream import COMMIT, open_checkout
+from upstream import COMMIT, open_checkout, run_in_float64
 STEPS = 3
 # (group name, kind, hyperparameters, shapes). Muon as 92d63d4's setup_optimizer builds it
 # (momentum, ns_steps 5, beta2 0.9); the AdamW groups with its lm_head's, wte's and x0 scalars'
@@ -47,7 +48,8 @@ def schedule(group, step):
 
 
 def groups(tensor_for):
-    """(params, param groups) with every parameter set by name, fp32, requiring grad."""
+    """(params, param groups) with every parameter set by name (in tensor_for's dtype),
+    requiring grad."""
     params, out = {}, []
     for group, kind, hyper, shapes in LAYOUT:
         ps = []
@@ -65,11 +67,12 @@ def set_grads(params, step, tensor_for):
 
 def main():
     args = open_checkout(__doc__.splitlines()[0])
+    run_in_float64()
     import torch
     from nanochat.common import COMPUTE_DTYPE  # nanochat at COMMIT
     from nanochat.optim import MuonAdamW
-    from weights import digest, tensor_for
-    assert COMPUTE_DTYPE == torch.float32, COMPUTE_DTYPE
+    from weights import fingerprint, tensor_for
+    assert COMPUTE_DTYPE == torch.float64, COMPUTE_DTYPE
 
     params, param_groups = groups(tensor_for)
     optimizer = MuonAdamW(param_groups)
@@ -80,7 +83,8 @@ def main():
         for group in optimizer.param_groups:
             schedule(group, step)
         optimizer.step()
-    golden = {"commit": COMMIT, "steps": STEPS, "params": {name: digest(p) for name, p in params.items()}}
+    assert {p.dtype for p in params.values()} == {torch.float64}
+    golden = {"commit": COMMIT, "steps": STEPS, "params": {name: fingerprint(p) for name, p in params.items()}}
     with open(args.out, "w") as f:
         json.dump(golden, f, indent=1)
     print(f"wrote {args.out}: {len(params)} parameters after {STEPS} steps")
