@@ -8,7 +8,8 @@ tokenizer_dir       a 512-token BPE trained on the offline corpus (with token_by
 make_run            writes a run directory with the checkpoint of a tiny GPT (any config)
 
 `--quick` (bash scripts/test.sh --quick) runs the quick tier, QUICK below, instead of the suite;
-`--floor` the floor tier, FLOOR below (CI's run on the lowest torch).
+`--floor` the floor tier, FLOOR below (CI's run on the lowest torch); `--references` the
+reference tier, REFERENCES below (CI's runs under other CPU capabilities). docs/tests.md.
 """
 
 import atexit
@@ -128,7 +129,19 @@ FLOOR = QUICK | {name: None for name in (
     "test_optim_2026.py", "test_trunk.py", "test_hc_options.py", "test_loss_eval.py",
     # the CUDA dry run: on the floor its setup and TF32 tests (its fake CUDA tensors need 2.10+)
     "test_cuda_dryrun.py", "test_cuda_setup.py", "test_cuda_tf32.py")}
-TIERS = {"quick": QUICK, "floor": FLOOR}
+# The reference tier: every test that holds our code to values computed elsewhere (nanochat
+# 92d63d4's own code, stored under tests/goldens/), which CI runs again under each CPU
+# capability it can stand in for (ATEN_CPU_CAPABILITY=default, avx2: .ci/run), so that a stored
+# value that only holds on the CPU it was made on fails there and not on a user's machine.
+REFERENCES = {name: None for name in ("test_trunk_2026_07.py", "test_optim_2026.py", "test_dataloader_2026.py")}
+TIERS = {"quick": QUICK, "floor": FLOOR, "references": REFERENCES}
+
+# The files that take longest, first: pytest-xdist hands whole files (--dist loadfile) to its
+# workers in collection order, so a long file started last would leave one worker idle at the
+# end while it runs alone (measured with --durations=0, docs/tests.md).
+LONGEST_FIRST = ("test_fused.py", "test_train_e2e.py", "test_train_cluster.py", "test_gpu_check.py",
+                 "test_speedrun.py", "test_memory.py", "test_variant_contract.py", "test_hf_export.py",
+                 "test_engine.py", "test_core_eval.py", "test_speedrun_study.py", "test_liger.py")
 
 
 def tier(config):
@@ -141,6 +154,8 @@ def pytest_addoption(parser):
                      help="run the quick tier (tests/conftest.py QUICK), not the whole suite")
     parser.addoption("--floor", action="store_true",
                      help="run the floor tier (tests/conftest.py FLOOR: CI's run on the lowest torch)")
+    parser.addoption("--references", action="store_true",
+                     help="run the reference tier (tests/conftest.py REFERENCES: CI's runs under other CPU capabilities)")
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -155,6 +170,8 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(config, items):
     """Under a tier, keep its tests and deselect the rest. A file or a name in the tier that
     no longer exists is an error, so that the tier cannot shrink unnoticed."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     selected = tier(config)
     if selected is None:
         return
@@ -199,27 +216,45 @@ def quick_match(item, names):
     return next((name for name in names if name in (item.name, item.originalname)), None)
 
 
+def built_once(tmp_path_factory, name, build):
+    """A directory `name` that `build(directory)` fills, built once per test run: under
+    pytest-xdist the workers share it (the first builds it under a lock, the others wait and
+    read it), where each used to build its own."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's directory, above the workers' own
+    directory = base / f"shared_{name}"
+    with FileLock(str(directory) + ".lock"):
+        if not (directory / ".built").exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(str(directory))
+            (directory / ".built").touch()
+    return str(directory)
+
+
 @pytest.fixture(scope="session")
 def offline_corpus_dir(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("offline_corpus"))
-    build_offline_corpus(directory)
-    return directory
+    return built_once(tmp_path_factory, "offline_corpus", build_offline_corpus)
 
 
 @pytest.fixture(scope="session")
 def small_corpus_dir(tmp_path_factory, offline_corpus_dir):
-    docs = [d for batch in parquets_iter_batched("val", data_dir=offline_corpus_dir) for d in batch][:300]
-    directory = str(tmp_path_factory.mktemp("small_corpus"))
-    write_corpus(docs, directory, {"source": "offline", "subset": "small"}, rows_per_group=16, shard_chars=60_000)
-    return directory
+    def build(directory):
+        docs = [d for batch in parquets_iter_batched("val", data_dir=offline_corpus_dir) for d in batch][:300]
+        write_corpus(docs, directory, {"source": "offline", "subset": "small"}, rows_per_group=16,
+                     shard_chars=60_000)
+    return built_once(tmp_path_factory, "small_corpus", build)
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, offline_corpus_dir):
-    texts = (d for batch in parquets_iter_batched("train", data_dir=offline_corpus_dir) for d in batch)
-    directory = str(tmp_path_factory.mktemp("tokenizer"))
-    Tokenizer.train_from_iterator(texts, 512).save(directory)
-    return directory
+    def build(directory):
+        texts = (d for batch in parquets_iter_batched("train", data_dir=offline_corpus_dir) for d in batch)
+        Tokenizer.train_from_iterator(texts, 512).save(directory)
+    return built_once(tmp_path_factory, "tokenizer", build)
 
 
 @pytest.fixture(scope="module")
