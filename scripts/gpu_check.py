@@ -84,7 +84,7 @@ PROFILES = {
                 kernel_layer=dict(batch=32, seq_len=2048, width=768), kernel_model=dict(batch=32, seq_len=2048),
                 infer=dict(depth=6, prefill_lens=[2048], batches=[1, 8], prompt_len=512, new_tokens=128),
                 priors=dict(model=10, layer=20, train=90)),
-    "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=1, reps=2,
+    "tiny": dict(depths=[1, 2], batch=2, seq_len=64, vocab=256, head_dim=16, aspect=32, warmup=0, reps=1,
                  attn=dict(B=1, H=2, T=256, D=16), layer=dict(batch=2, seq_len=16, width=32),
                  train=["--depth", "2", "--aspect-ratio", "32", "--head-dim", "32", "--max-seq-len", "64",
                         "--window-pattern", "SL", "--device-batch-size", "4", "--total-batch-size", "256",
@@ -112,7 +112,7 @@ def build_parser():
                         "the fused seams' split design)")
     p.add_argument("--depths", nargs="+", type=positive_int(), help="model depths (default 12 6; tiny: 1 2)")
     p.add_argument("--batch", type=positive_int(), help="device batch of the model section (default 32; halved on OOM)")
-    p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 2)")
+    p.add_argument("--reps", type=positive_int(), help="timed repetitions per case (default 5; tiny: 1)")
     p.add_argument("--train-steps", type=positive_int(), default=20, help="base_train steps per variant (default 20)")
     p.add_argument("--time-budget", type=positive_int(), default=540,
                    help="seconds within which every case must end by its estimate; what would not is listed "

@@ -60,8 +60,9 @@ def _import_time_env(env):
 
 def forkable(argv, env):
     """Whether `argv` (under `env`) can be forked from the server: this interpreter running a
-    module (-m), code (-c) or a script, with the server's import-time environment."""
-    if not argv or argv[0] != sys.executable or len(argv) < 2:
+    module (-m), code (-c or - for stdin) or a script, with the server's import-time environment."""
+    if not argv or argv[0] != sys.executable or len(argv) < 2 or (argv[1].startswith("-") and argv[1] not in
+                                                                   ("-m", "-c", "-")):
         return False
     if os.environ.get("NANOCHAT_TEST_FORK", "1") == "0":
         return False
@@ -125,10 +126,11 @@ def _become(argv, cwd, env, fds, path, umask):
             sys.argv = [rest[0], *rest[1:]]
             sys.path[:] = [os.getcwd(), *path]
             runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
-        elif option == "-c":
-            sys.argv = ["-c", *rest[1:]]
+        elif option in ("-c", "-"):
+            code, sys.argv = (rest[0], ["-c", *rest[1:]]) if option == "-c" else (sys.stdin.read(), ["-", *rest])
             sys.path[:] = ["", *path]
-            exec(compile(rest[0], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            exec(compile(code, "<string>" if option == "-c" else "<stdin>", "exec"),
+                 {"__name__": "__main__", "__builtins__": __builtins__})
         else:
             sys.argv = argv[1:]
             sys.path[:] = [os.path.dirname(os.path.abspath(option)), *path]
@@ -301,3 +303,63 @@ def run(argv, *, input=None, capture_output=False, timeout=None, check=False, **
     if check:
         result.check_returncode()
     return result
+
+
+# ---- `python` on a shell's PATH (tests/bin/python): for the tests that run speedrun.sh's shell
+# functions, whose commands call `python` by name. The shim sends its argv, working directory,
+# environment and stdio to a server thread of the test process, which starts the command with
+# Popen above, passes on the signals the shim receives, and returns the exit status.
+BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin")
+_socket_path = None
+
+
+def shell_env(env):
+    """`env` with tests/bin first on PATH and the address of this process's server, so that a
+    shell started with it runs `python ...` forked from the server."""
+    global _socket_path
+    if _socket_path is None:
+        import socket
+        import tempfile
+        _socket_path = os.path.join(tempfile.mkdtemp(prefix="nanochat_launch_"), "socket")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(_socket_path)
+        server.listen(16)
+        threading.Thread(target=_serve, args=(server,), daemon=True).start()
+    env = dict(env)
+    env["PATH"] = os.pathsep.join([BIN, os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.update(NANOCHAT_TEST_LAUNCHER=_socket_path, NANOCHAT_TEST_PYTHON=sys.executable)
+    return env
+
+
+def _serve(server):
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+
+
+def _serve_one(conn):
+    import json
+    import socket
+    with conn:
+        header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        size, payload = int.from_bytes(header, "big"), b""
+        while len(payload) < size:
+            payload += conn.recv(size - len(payload))
+        request = json.loads(payload)
+        try:
+            proc = Popen([sys.executable, *request["args"]], cwd=request["cwd"], env=request["env"],
+                         stdin=fds[0], stdout=fds[1], stderr=fds[2])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.sendall(json.dumps({"pid": proc.pid}).encode() + b"\n")
+
+        def pass_signals():
+            for line in conn.makefile("r"):
+                try:
+                    proc.send_signal(int(line))
+                except (ProcessLookupError, ValueError):
+                    pass
+
+        threading.Thread(target=pass_signals, daemon=True).start()
+        conn.sendall(json.dumps({"status": proc.wait()}).encode() + b"\n")

@@ -51,7 +51,7 @@ BATTERY = [
     "def f(x):\n    return {'a': [x ** 2, x // 3]}  # comment\n\nclass A(B): pass\n",
     "<|bos|>", "a <|bos|> b <|user_start|>hi<|user_end|><|assistant_start|>", "<|bos|<|not special|>",
 ]
-GREEDY_TOKENS, NEW_TOKENS = 32, 8
+GREEDY_TOKENS, NEW_TOKENS = 16, 6
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import launch
 import pytest
 from test_report import row, table
 from test_seeds import TINY_CONFIG
@@ -63,7 +64,7 @@ def test_one_failure_does_not_stop_the_others(tmp_path, small_corpus_dir, tokeni
         path.write_text(TINY_CONFIG + body + f'model_tag = "{name}"\n')
         configs.append(str(path))
     env = env_for(base)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # `python` is this venv's
+    env = launch.shell_env(env)  # `python`: forked from the test process (tests/launch.py)
     proc = subprocess.run(["bash", "-c", DRIVER, "driver", *configs], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
@@ -121,10 +122,10 @@ def test_a_preempted_mode_stops_resumably_and_the_same_command_continues(tmp_pat
     run resumes from that checkpoint and finishes."""
     base = make_base(tmp_path, small_corpus_dir, tokenizer_dir)
     config = tmp_path / "t_pre.toml"
-    config.write_text(TINY_CONFIG.replace("num_iterations = 3", "num_iterations = 60")
+    config.write_text(TINY_CONFIG.replace("num_iterations = 3", "num_iterations = 24")
                       + 'hc = "kromhc"\nmodel_tag = "t_pre"\n')
     env = env_for(base)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # `python`, `torchrun`: this venv's
+    env = launch.shell_env(env)  # `python`: forked from the test process (tests/launch.py)
     run = os.path.join(base, "runs", "t_pre")
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         driver = subprocess.Popen(["bash", "-c", PREEMPT_DRIVER, "driver", "2", str(config)], cwd=REPO, env=env,
@@ -140,9 +141,9 @@ def test_a_preempted_mode_stops_resumably_and_the_same_command_continues(tmp_pat
     assert "speedrun: preempted (SIGUSR1, during the training of t_pre); run the same command again" in logs
     assert not os.path.exists(os.path.join(run, "failed.json")) and not os.path.exists(os.path.join(run, "summary.json"))
     step = ckpt.latest_step(run)
-    assert 2 <= step < 60 and json.load(open(os.path.join(run, "preempted.json")))["step"] == step
+    assert 2 <= step < 24 and json.load(open(os.path.join(run, "preempted.json")))["step"] == step
     train_log = open(os.path.join(base, "logs", "t_pre.train.log")).read()
-    assert "SIGUSR1 received" in train_log and f"saved the checkpoint of step {step} of 60" in train_log
+    assert "SIGUSR1 received" in train_log and f"saved the checkpoint of step {step} of 24" in train_log
 
     proc = subprocess.run(["bash", "-c", PREEMPT_DRIVER, "driver", "1", str(config)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -151,7 +152,7 @@ def test_a_preempted_mode_stops_resumably_and_the_same_command_continues(tmp_pat
     assert "resuming on 1 ranks a checkpoint written by 2" in train_log and f"resumed from step {step}" in train_log
     assert json.load(open(os.path.join(run, "summary.json")))["complete"]
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
-    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(60))
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(24))
 
 
 # The lm-eval step of run_all for a run already trained and evaluated: scripts.lm_eval stood in
@@ -190,7 +191,7 @@ def lm_eval_driver(tmp_path, tasks, status):
     # offline: conftest.py sets HF_HUB_OFFLINE and HF_DATASETS_OFFLINE for the session and its subprocesses
     env = dict(os.environ, NANOCHAT_BASE_DIR=str(base), LM_EVAL="1", LM_EVAL_STATUS=str(status), TASKS=tasks,
                TASK_DIR=str(task_dir))
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    env = launch.shell_env(env)  # `python`: forked from the test process (tests/launch.py)
     proc = subprocess.run(["bash", "-c", LM_EVAL_DRIVER], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     launched = base / "launched"

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import launch
 import pytest
 from test_seeds import TINY_CONFIG
 from test_speedrun import REAL_TRAINING
@@ -78,7 +79,7 @@ def test_ladder_and_grid_train_on_cpu_and_end_in_their_summaries(tmp_path, small
         path.write_text(TINY_CONFIG + f'hc = "{variant}"\n{extra}model_tag = "t_{variant}"\n')
         configs[variant] = str(path)
     env = env_for(base)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    env = launch.shell_env(env)  # `python`: forked from the test process (tests/launch.py)
     env["REPORT_DIR"] = str(tmp_path / "report")
 
     def drive(mode, **extra):
