@@ -22,7 +22,8 @@ fields in place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally
 n copies of x0 folded by the trunk's reduce), `init_sublayers(cfg, sublayers)` (start values
 of its own for the sub-layers, set after the model's init), and `FIELDS` / `FIELD_HELP` /
 `FIELD_TYPES` (its own config fields, which become GPTConfig fields and base_train flags, and
-which every other variant refuses to see changed). Everything else (bench, plan, hc_report,
+which every other variant refuses to see changed), and `pretraining_warning(cfg)` (a line for a
+fresh run from a start meant for something else). Everything else (bench, plan, hc_report,
 the report, the model card, the tests' lists) reads the registry through `specs()`: which
 backend or option a wiring takes comes from its declaration, never from its state.
 
@@ -159,6 +160,13 @@ def hyper_connection_layers(name):
 def label(name):
     """A variant's display name; the name itself for one this version does not know (an old run's)."""
     return spec(name).label if name in VARIANTS else name
+
+
+def pretraining_warning(cfg):
+    """The warning line a fresh training run of this config prints, or None (its module's
+    optional `pretraining_warning(cfg)`: a setting meant for something else than pre-training)."""
+    hook = getattr(VARIANTS[cfg.hc], "pretraining_warning", None)
+    return hook(cfg) if hook is not None else None
 
 
 def own_settings(cfg):

@@ -24,11 +24,13 @@ connection parameters, also under bf16 autocast), at two scales:
 - the wiring as a whole (base_train's warning, hc_report's first line): `scale` is the whole
   model's gradient norm, factor WIRING_FACTOR = 1. A wiring's own norm cannot be its scale
   when all of it is rounding; the model's gradient sums terms of the same streams. Measured
-  after one update at nanochat's zero output projections: DAR's default start 5.5e-10 of the
-  model's norm (its uniform read of sources that sum to h only scales h, which the norm
-  undoes: a stationary point), the smallest live wiring 3.7e-6 (hc_identity in step 1 of a
-  tiny base_train run, whose LR the small batch scales down: its branches have barely left
-  zero); the line, one eps = 1.2e-7, sits 30x from both.
+  after one update at nanochat's zero output projections: DAR's zero gate over the full
+  sources 5.5e-10 of the model's norm (its uniform read of sources that sum to h only scales
+  h, which the norm undoes: a saddle), hc_identity 3.7e-6 (in step 1 of a tiny base_train
+  run, whose LR the small batch scales down: its branches have barely left zero); the line,
+  one eps = 1.2e-7, sits 30x from both. A wiring below the line after one update is at a
+  saddle or slow to start (DAR's default gate 5.9e-9 in that tiny run, 1e-6 five steps
+  later): nanochat/saddle.py tells which, with the body moved off its init.
 
 Under bf16 autocast the activations round at 2^-8: the rule, at fp32's eps, then tells
 exactly-zero and fp32-level gradients apart from real ones, not bf16-level noise.

@@ -72,10 +72,12 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
 per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
-default: from the default's type), and `init_sublayers(cfg, sublayers)`: the start values its
+default: from the default's type), `init_sublayers(cfg, sublayers)`: the start values its
 sub-layers need, set after the model's own init (the attention and MLP modules in branch
 order; e.g. non-zero output projections where the wiring's own start would block every
-gradient).
+gradient), and `pretraining_warning(cfg) -> str | None`: the one `warning:` line base_train
+prints when a fresh run starts from a setting meant for something else (DAR's zero gate, a
+start for converting a pretrained checkpoint).
 """
 
 import math
@@ -179,6 +181,8 @@ def spec_of(name, module):
             raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
     if hasattr(module, "init_sublayers") and not callable(module.init_sublayers):
         raise SpecError(f"{where}: init_sublayers must be a function (cfg, sublayers) -> None")
+    if hasattr(module, "pretraining_warning") and not callable(module.pretraining_warning):
+        raise SpecError(f"{where}: pretraining_warning must be a function cfg -> a warning line or None")
     own = getattr(module, "FIELDS", {})
     helps = getattr(module, "FIELD_HELP", {})
     undocumented = [f for f in own if f not in helps]
