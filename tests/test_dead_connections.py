@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from nanochat import checkpoint, connections
+from nanochat.connections import liveness
 from nanochat.gpt import GPTConfig, build_model
 from scripts import hc_report
 from nanochat.optim import build_optimizer
 from scripts.base_train import connection_grad_norm, dead_connections, slow_start_over, start_check
 from test_gpt import randomize
-from wiring_checks import tokens
+from wiring_checks import assert_every_connection_parameter_gets_a_gradient, tokens
 from test_train_e2e import REPO, TINY, base, env_for  # noqa: F401 (a fixture)
 
 WARNING = "warning: every connection parameter"
@@ -148,7 +149,8 @@ def test_dar_learns_from_its_default_gate_and_not_from_the_zero_gate_over_the_fu
     _, norms = after_one_update("dar", dar_source=source)
     assert dead_connections(connection_grad_norm(norms), float(norms["total"]), "dar", 1) is None
     _, norms = after_one_update("dar", dar_source=source, dar_gate="zero")
-    assert (dead_connections(connection_grad_norm(norms), float(norms["total"]), "dar", 1) is None) == (source == "block")
+    learns = dead_connections(connection_grad_norm(norms), float(norms["total"]), "dar", 1) is None
+    assert learns == (source == "block")
 
 
 def save(run_dir, model, step=10):
@@ -186,3 +188,47 @@ def test_only_seed_free_starts_are_compared():
     start = connections.seed_free_init(cfg)
     assert start and not any(name.endswith(".weight") and p.dim() == 2 for name, p in start.items())  # phi is random
     assert connections.sits_at_init(tiny("prenorm", seed=0).connections, tiny("prenorm", 0).config) is None
+
+
+def test_a_dead_slice_of_a_live_parameter_shows_when_the_slice_is_judged_on_its_own():
+    """Judged whole, W learns; judged by its declared column groups, its res columns do not."""
+    grads = {"w": torch.cat([torch.ones(4, 2), torch.full((4, 2), 1e-20)], dim=1), "a": torch.ones(3)}
+    assert not liveness.surprises(liveness.report(grads, {}, dtype=torch.float64))
+    rows = liveness.report(grads, {}, ["w[:, 0:2]", "w[:, 2:4]", "a[0:1]"], torch.float64)
+    assert [r["name"] for r in liveness.surprises(rows)] == ["w[:, 2:4]"]
+    assert [r["name"] for r in rows if r["part"] == "live"] == ["w[:, 0:2]", "w[:, 2:4]", "a[0:1]", "a"]
+    rows = liveness.report(grads, {"w[:, 2:4]": "dead"}, ["w[:, 0:2]", "w[:, 2:4]"], torch.float64)
+    assert not liveness.surprises(rows) and [r["part"] for r in rows] == ["live", "live", "declared dead"]
+
+
+def shipped_wirings():
+    """One tiny config per distinct wiring setting of the shipped configs (depth 2, width 64)."""
+    from nanochat.saddle import probe_config
+    from nanochat.train_config import model_config_for, parse_args
+    seen = {}
+    for path in sorted((Path(__file__).resolve().parent.parent / "configs").rglob("*.toml")):
+        config = probe_config(dataclasses.replace(model_config_for(parse_args(["--config", str(path)]), 512),
+                                                  n_layer=2, window_pattern="SL", attnres_block_size=0))
+        if connections.spec(config.hc).params(config):
+            seen.setdefault((config.hc, repr(connections.own_settings(config)), config.trunk), (path, config))
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("path, config", shipped_wirings(),
+                         ids=lambda v: f"{v.parent.name}/{v.stem}" if isinstance(v, Path) else "")
+def test_every_shipped_wiring_is_dead_exactly_where_it_declares(path, config):
+    """Every parameter randomized, fp64, each declared slice judged on its own: the last
+    sub-layer's res slices are dead under the summed readout of the exactly doubly stochastic
+    wirings (the gpt2 KromHC and the LSS configs included), layer 0's res slices under delayed
+    pre-weights too, and nothing else (the learned head reads them)."""
+    torch.manual_seed(0)
+    assert_every_connection_parameter_gets_a_gradient(build_model(config, "cpu"))
+    spec = connections.spec(config.hc)
+    dead = spec.dead_parameters(config)
+    if spec.kernel == "hyper_connection":  # every layer's column groups are judged on their own
+        assert len(spec.judged_parts(config)) == 2 * config.n_layer * (9 if config.hc != "hc_identity" else 6)
+    last = f"layers.{2 * config.n_layer - 1}.bias"
+    if config.hc in ("mhc", "mhc_lite", "kromhc", "go_mhc", "cmhc"):
+        assert any(name.startswith(last) for name in dead) == (config.hc_reduce == "sum" and config.hc_pre == "current")
+    if config.hc_pre == "delayed" and config.hc in ("kromhc", "mhc_lite", "go_mhc", "cmhc"):
+        assert "layers.0.alpha[2:3]" in dead and "layers.0.alpha[0:1]" not in dead

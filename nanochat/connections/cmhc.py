@@ -41,7 +41,7 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.hc import LAYER_SPEC, HyperConnection, exact_rows_dead, layer_options, resolve_streams
+from nanochat.connections.hc import LAYER_SPEC, HyperConnection, doubly_stochastic_dead, layer_options, resolve_streams
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
@@ -68,7 +68,7 @@ SPEC = dict(
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
     order=150,
-    dead=exact_rows_dead,  # H_res rows sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
 )
 
 

@@ -64,6 +64,11 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
                             end in "[a:b]", a slice of the first axis, or "[:, a:b]", of the
                             second); the gradient checks, the dead-connection warning and
                             hc_report name them rather than count them as learning
+    parts=None              cfg -> [parameter name[slice], ...]: slices of its parameters
+                            that are judged on their own (same forms as `dead`), so that a
+                            dead slice of a live parameter shows (the HC layers: the pre,
+                            post and res columns of each W, bias and alpha); the rest of
+                            each parameter is judged whole
     backout=BACKOUT         what the 2026-07 trunk's backout subtracts for it (one phrase, for
                             docs/variants.md, hc_report and the model card): always the wiring's
                             own readout (`reduce`) of its state and carry after block floor(L/2),
@@ -120,6 +125,7 @@ class Spec:
     backends: tuple = ("torch",)
     options: tuple = ()
     dead: Callable | None = None
+    parts: Callable | None = None
     backout: str = BACKOUT
 
     @property
@@ -133,6 +139,10 @@ class Spec:
     def dead_parameters(self, cfg):
         """{parameter name: reason} the math leaves without a gradient under `cfg` (SPEC dead)."""
         return dict(self.dead(cfg)) if self.dead is not None else {}
+
+    def judged_parts(self, cfg):
+        """[parameter name[slice], ...] judged on their own under `cfg` (SPEC parts)."""
+        return list(self.parts(cfg)) if self.parts is not None else []
 
     @property
     def beyond_paper(self):
@@ -223,3 +233,5 @@ def check_declaration(where, raw):
                         "subtracts (its readout after block floor(L/2))")
     if raw.get("dead") is not None and not callable(raw["dead"]):
         raise SpecError(f"{where}: SPEC dead must be a function cfg -> {{parameter name: reason}}")
+    if raw.get("parts") is not None and not callable(raw["parts"]):
+        raise SpecError(f"{where}: SPEC parts must be a function cfg -> [parameter name[slice], ...]")
