@@ -8,6 +8,7 @@ same battery or fails it with a clear message, never a traceback.
 Tiny models throughout; one run directory per variant, shared by the checks."""
 
 import dataclasses
+import itertools
 import json
 import sys
 import types
@@ -19,7 +20,7 @@ from nanochat import connections, plan
 from nanochat.connections import liveness
 from nanochat.connections.spec import SpecError
 from nanochat.connections.trunk import ConnectionLayer
-from nanochat.gpt import GPTConfig, build_model
+from nanochat.gpt import GPT, GPTConfig, build_model
 from scripts import bench, hc_report
 from scripts import report as report_cli
 from test_gpt import randomize
@@ -92,6 +93,37 @@ def test_spec_describes_the_model_it_builds(name):
     assert all(isinstance(getattr(spec, key), str) and getattr(spec, key) for key in ("label", "description", "source"))
     has_h_res = hasattr(model.connections.layers[0], "coefficients")
     assert has_h_res == spec.has_h_res
+
+
+def option_settings(name):
+    """Every combination of the stream options a wiring declares (SPEC options), but the pair
+    the frame refuses (a learned head under delayed pre-weights)."""
+    choices = {**connections.HC_OPTIONS, "hc_recompute": (False, True)}
+    declared = [option for option in choices if connections.takes_option(name, option)]
+    for values in itertools.product(*(choices[option] for option in declared)):
+        fields = dict(zip(declared, values))
+        if not (fields.get("hc_reduce") == "learned" and fields.get("hc_pre") == "delayed"):
+            yield fields
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_its_parameter_count_is_the_models_under_every_option_it_takes(name):
+    """SPEC params counts what the stream options add (diagnostics.option_params) for every
+    wiring that takes them, the package's and one registered from outside alike."""
+    spec = connections.spec(name)
+    for fields in option_settings(name):
+        config = GPTConfig(**SIZES, hc=name, **fields)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in GPT(config).connections.parameters())
+        assert spec.params(config) == built, fields
+
+
+def test_the_counts_the_options_once_left_out():
+    """C-mHC and the outside static HC counted their layers alone: 13,372 and 576 where the
+    models with LSS have 13,628 and 3,648 (n = 4; width 64, 2 blocks and width 768, 12 blocks)."""
+    assert connections.spec("cmhc").params(GPTConfig(**SIZES, hc="cmhc", hc_expand="lss")) == 13_628
+    config = GPTConfig(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, hc="static_hc", hc_expand="lss")
+    assert connections.spec("static_hc").params(config) == 3_648
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -102,6 +102,14 @@ def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_
             + trunk_params(n, C, expand, reduce, pre))
 
 
+def option_params(cfg):
+    """What the frame's stream options of a resolved model config add to its wiring's own
+    parameters (trunk_params: LSS's scales, the learned head; 0 at the paper's options). Every
+    wiring that takes hc_expand or hc_reduce adds it in its SPEC params, the family's through
+    model_hc_params, the others' by calling it (docs/connections.md, "Parameter accounting")."""
+    return trunk_params(cfg.hc_streams, cfg.n_embd, cfg.hc_expand, cfg.hc_reduce, cfg.hc_pre)
+
+
 def config_params(cfg):
     """model_hc_params of a resolved model config: the SPEC params of the variants above."""
     return model_hc_params(cfg.hc, cfg.hc_streams, cfg.n_embd, cfg.n_layer, cfg.hc_factors or None,
