@@ -263,9 +263,12 @@ def parse_args(argv=None):
     return args
 
 
-def settings(args):
-    """The flag values of a Namespace as a plain dict (without --config)."""
-    return {name: getattr(args, name) for name in FLAG_NAMES}
+def settings(args, hc=None):
+    """The flag values of a Namespace as a plain dict (without --config). With `hc`, what a run
+    of that wiring records (config.toml, the checkpoint's settings): less the own fields of the
+    other wirings, which it never reads and which sit at their defaults."""
+    other = connections.other_fields(hc) if hc is not None else set()
+    return {name: getattr(args, name) for name in FLAG_NAMES if name not in other}
 
 
 def _toml_value(value):

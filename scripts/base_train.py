@@ -24,7 +24,6 @@ import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
-import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -361,7 +360,7 @@ def main(argv=None):
         print0(batch_note)
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
-    values = settings(args)
+    values = settings(args, config.hc)
     values["model_tag"] = model_tag
 
     # ---- resume or fresh start
@@ -539,7 +538,8 @@ def main(argv=None):
         rank_state = {"dataloader": loader_state, "rng": ckpt.encode_rng_state()}
         ranks = gather_objects(rank_state, info)
         if master:
-            meta = {"step": step, "model_config": dataclasses.asdict(config), "settings": values,
+            meta = {"step": step, "model_config": ckpt.config_record(config),
+                    "wiring_file": connections.wiring_file(config.hc), "settings": values,
                     "world_size": info.world_size, "num_iterations": num_iterations,
                     "loop": loop, "ranks": ranks}
         try:
@@ -785,7 +785,7 @@ def main(argv=None):
                        "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
                        "transformer_matrices": counts["transformer_matrices"]},
             "hc": config.hc, "hc_streams": config.hc_streams,
-            **{name: getattr(config, name) for name in connections.variant_fields()},
+            **{name: getattr(config, name) for name in getattr(connections.VARIANTS[config.hc], "FIELDS", {})},
             "depth": config.n_layer, "model_dim": config.n_embd,
             "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
             "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,

@@ -176,6 +176,18 @@ def own_settings(cfg):
     return {name: getattr(cfg, name) for name in names}
 
 
+def other_fields(name):
+    """The own config fields (FIELDS) of every registered wiring but `name` (a module registered
+    under two names counts as one): what a run of `name` leaves out of its records, since its
+    wiring never reads them (and they sit at their defaults: resolve_fields)."""
+    return {field for field, (*_, owner) in variant_fields().items() if VARIANTS[owner] is not VARIANTS.get(name)}
+
+
+def wiring_file(name):
+    """The file that defines wiring `name` (what a process must register to load its runs)."""
+    return getattr(VARIANTS[name], "__file__", None)
+
+
 def variant_fields():
     """{field: (default, help, parser or None, variant)} of every variant's own config
     fields, in registry order (a module registered under two names counts once)."""
