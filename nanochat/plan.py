@@ -9,6 +9,9 @@ the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order`
 `<model_tag>_s<s>_data` whose data order is shuffled by s.
 
 The cost of a run is its training tokens over a throughput, the first of:
+Only measurements on the device the plan is for price it: the GPU --gpu-name names (or any
+GPU where it names none), or the CPU for the offline demo (`measured_from_runs`,
+`read_gpu_check`).
 1. its own measurement (the same variant, depth, n and --hc-kernels backend): from finished run
    directories (summary.json's median tokens/s, per GPU), a `gpu_check.json` (schema in
    `read_gpu_check`), or the measurement committed as docs/gpu_check.json where the plan is for
@@ -17,7 +20,8 @@ The cost of a run is its training tokens over a throughput, the first of:
 2. a measured relative's (marked "≈ ... from <relative>"): the same wiring at another depth or n,
    or another member of its SPEC family (`family_of`: the HC members share the stream passes
    that residual's single state does without), on the same backend; the same depth first, from
-   another depth scaled by the run's FLOPs per token there over here (`relative_throughput`);
+   another depth scaled by the run's FLOPs per token there over here, from another n as measured
+   (and said so: the stream passes' bytes grow with n; `relative_throughput`);
 3. with no relative measured, another variant's measurement at the same depth (marked
    "assumed ... as <variant>"; never the committed one's, which prices only its own family);
 4. on a GPU whose peak is known, an assumed MFU of that peak over the run's FLOPs per token
@@ -442,26 +446,34 @@ def _read_json(path):
         return None
 
 
-def measured_from_runs(runs_root):
-    """Per-GPU tokens/s of every finished run under runs_root that trained on a GPU."""
+def measured_from_runs(runs_root, gpu_name="", device="cuda"):
+    """Per-device tokens/s of every finished run under runs_root that trained on the device the
+    plan prices: a GPU ("cuda"), the one `gpu_name` names where it names one (`same_gpu`
+    against the run's recorded device_name; a run that records none is left out), or the CPU
+    ("cpu": the offline demo's plan). A run on another device says nothing of this one's speed:
+    a tiny CPU run priced an H200 run at 10,000 times its cost."""
     out = []
     root = Path(runs_root)
     if not root.is_dir():
         return out
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         s = _read_json(run_dir / "summary.json")
-        if not s or not s.get("complete") or not s.get("tok_per_sec"):
+        if not s or not s.get("complete") or not s.get("tok_per_sec") or s.get("device") != device:
+            continue
+        name = s.get("device_name")
+        if device == "cuda" and gpu_name and not (isinstance(name, str) and same_gpu(gpu_name, name)):
             continue
         variant = s.get("hc", "residual")
         n = stream_count(variant, s.get("hc_streams"))
         # tok_per_sec counts the whole step's tokens, i.e. every rank's.
         out.append(Throughput(variant, s.get("depth"), n, s["tok_per_sec"] / max(1, s.get("world_size", 1)),
-                              f"run {run_dir.name} on {s.get('device', '?')}"))
+                              f"run {run_dir.name} on {name or device}"))
     return out
 
 
-def read_gpu_check(path, exact_only=False):
-    """Throughputs from scripts.gpu_check's JSON (one GPU): a forward + backward step without
+def read_gpu_check(path, exact_only=False, gpu_name=""):
+    """Throughputs from scripts.gpu_check's JSON (one GPU; none when `gpu_name` names another
+    GPU than its env's device_name, or it names none): a forward + backward step without
     the optimizer (a slight overestimate of training throughput). From its "model" section, one
     entry per (depth, variant) with "label", "variant", "depth", "n" and "tokens_per_s" (the
     torch backend; the full-causal reference rows, label != variant, are skipped); and from its
@@ -470,6 +482,9 @@ def read_gpu_check(path, exact_only=False):
     skipped, as are malformed entries. exact_only: see Throughput."""
     data = _read_json(Path(path))
     if not isinstance(data, dict) or data.get("profile") != "gpu":
+        return []
+    device = data.get("env", {}).get("device_name") if isinstance(data.get("env"), dict) else None
+    if gpu_name and not (isinstance(device, str) and same_gpu(gpu_name, device)):
         return []
     entries = [dict(e, kernels="torch") for e in data.get("model") or [] if isinstance(e, dict)
                and e.get("label") == e.get("variant")]
@@ -658,7 +673,8 @@ def rate_cell(m, kind, run):
     if kind == "another":
         return f"assumed {rate} as {m.variant} ({m.source})"
     if kind == "≈":
-        differs = ("" if m.depth == run.depth else f" D{m.depth}") + ("" if m.n == run.n else f" n={m.n}")
+        differs = (("" if m.depth == run.depth else f" D{m.depth}")
+                   + ("" if m.n == run.n else f" n={m.n}, taken as measured"))
         return f"≈ {rate} from {m.variant}{differs} ({m.source})"
     return f"{rate} ({m.source})"
 
@@ -688,12 +704,13 @@ def format_duration(seconds):
 
 
 def format_count(value):
+    """1.25B, 3.40M, 2.00K, and below a thousand three significant digits (51.0, 0.5)."""
     if value is None:
         return "—"
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if value >= size:
             return f"{value / size:.2f}{unit}"
-    return str(value)
+    return f"{value:.3g}"
 
 
 def format_flops(value):
@@ -705,8 +722,11 @@ def format_flops(value):
 ASSUMED_KINDS = frozenset({"assumed", "another"})
 LEGEND = ("≈ ... from V: not measured itself; priced from V, a measured relative (the same wiring, or a member of "
           "its SPEC family) on the same --hc-kernels backend, the same depth first, from another depth (D) scaled "
-          "by FLOPs per token. assumed ... as V: no relative measured; another variant's measurement at the same "
-          "depth taken as its own. Evaluation time is not included.")
+          "by FLOPs per token; from another stream count (n=...) taken as measured, not scaled: the stream passes "
+          "move n*C values a token, so the rate of a wider n is high for it and of a narrower one low. assumed ... "
+          "as V: no relative measured; another variant's measurement at the same depth taken as its own. Only "
+          "measurements on the plan's GPU (--gpu-name, where given) or CPU price it. Evaluation time is not "
+          "included.")
 
 
 def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
