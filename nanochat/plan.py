@@ -608,6 +608,58 @@ def family_of(variant):
     return connections.spec(variant).family
 
 
+_H_CONVENTION = {}  # wiring -> whether its layers follow the H-convention (one check per process)
+
+
+def follows_h_convention(variant):
+    """Whether a wiring's layers compute X_next = H_res X + H_post^T F(H_pre X) with the
+    (h_pre, h_post, h_res) their `coefficients(X)` gives, of shapes (..., n), (..., n),
+    (..., n, n): what SPEC family="hc" promises. Checked once on a tiny model (width 32, n as
+    it defaults), its parameters moved off their init; False for any layer that cannot say."""
+    if variant not in _H_CONVENTION:
+        import torch
+
+        from nanochat.gpt import GPTConfig
+        holds = False
+        try:
+            with torch.random.fork_rng(devices=[]):
+                g = torch.Generator().manual_seed(0)
+                conn = connections.build(GPTConfig(sequence_len=8, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2,
+                                                   n_embd=32, hc=variant))
+                conn.init_weights()
+                with torch.no_grad():
+                    for p in conn.parameters():
+                        p.add_(0.1 * torch.randn(p.shape, generator=g))
+                    M = torch.randn(32, 32, generator=g) / 32 ** 0.5
+                    branch = lambda u: torch.tanh(u @ M)  # noqa: E731
+                    layer, n = conn.layers[1], conn.n
+                    X = torch.randn(2, 3, n, 32, generator=g)
+                    h_pre, h_post, h_res = layer.coefficients(X)
+                    if (h_pre.shape, h_post.shape, h_res.shape) == ((2, 3, n), (2, 3, n), (2, 3, n, n)):
+                        read = branch((h_pre[..., None, :] @ X).squeeze(-2))
+                        mixed = h_res @ X + h_post[..., None] * read[..., None, :]
+                        holds = torch.allclose(layer(X, branch), mixed, atol=1e-5, rtol=1e-5)
+        except Exception:  # a layer without coefficients(), or whose shapes do not broadcast so
+            holds = False
+        _H_CONVENTION[variant] = holds
+    return _H_CONVENTION[variant]
+
+
+def family_hint(variant):
+    """One line for a registered wiring that has n streams and an H_res, declares no family,
+    and whose layers follow the H-convention (follows_h_convention): it could declare
+    family="hc", and without it the plan prices it as another variant and hc_report's family
+    tables leave it out. None otherwise (frac's and the gated residual's layers do not follow it)."""
+    if variant not in connections.VARIANTS:
+        return None
+    spec = connections.spec(variant)
+    if spec.family is not None or not (spec.streams and spec.has_h_res) or not follows_h_convention(variant):
+        return None
+    return (f"hc={variant!r} has n streams and an H_res in the H-convention but declares no family: it could "
+            "declare family=\"hc\" in its SPEC, and be priced from the HC family's measurements and listed in "
+            "hc_report's family tables (docs/connections.md, 'The variant contract')")
+
+
 def related(variant, other):
     """Whether a measurement of `other` may price a run of `variant`: the same wiring, or two
     members of one family (the HC members share the stream passes that residual's single
@@ -772,6 +824,7 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
     lines += settings_lines(runs)
+    lines += [hint for hint in (family_hint(v) for v in dict.fromkeys(r.variant for r in runs)) if hint]
     covered = covered_line(measured)
     if covered:
         lines.append(covered + ".")

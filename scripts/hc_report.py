@@ -269,6 +269,9 @@ def dead_table(depth=12, n=paper.PAPER_STREAMS):
 
 
 def print_params(args):
+    from nanochat.plan import family_hint
+    for hint in filter(None, map(family_hint, connections.VARIANTS)):
+        print(hint, end="\n\n")
     print(model_size_table(), end="\n\n")
     print(main_table(), end="\n\n")
     print(flop_convention_table(), end="\n\n")
