@@ -10,8 +10,11 @@ Tiny models throughout; one run directory per variant, shared by the checks."""
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,6 +195,20 @@ def test_every_connection_parameter_learns_but_what_its_wiring_declares_dead(nam
     """A gradient well above rounding (connections/liveness.py) on every connection parameter,
     but on the parts its SPEC declares dead, which must be rounding alone."""
     assert_every_connection_parameter_gets_a_gradient(tiny(name))
+
+
+@pytest.mark.slow
+def test_the_contract_runs_on_a_users_wiring_file():
+    """docs/connections.md's command: NANOCHAT_WIRINGS names the user's file, and the suite's
+    own wiring is added beside it (tests/conftest.py), not in its place."""
+    wiring = Path(__file__).resolve().parent / "wirings" / "layerscale.py"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests/test_variant_contract.py", "-k", "layerscale or static_hc"],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, NANOCHAT_WIRINGS=str(wiring)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert len([i for i in ids if "[layerscale]" in i]) >= 7 and [i for i in ids if "[static_hc]" in i], ids
 
 
 def test_a_wiring_registered_from_outside_is_refused_by_the_export(base, make_run, tmp_path):
