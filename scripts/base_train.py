@@ -44,7 +44,7 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
 from nanochat.gpt import attention_backend, autocast_for, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
-from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_ratio,  # noqa: E402
+from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_tokens,  # noqa: E402
                                    resolve_total_batch,
                                    model_config_for, num_iterations_for, parse_args, settings)
 
@@ -410,11 +410,12 @@ def main(argv=None):
     accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
     num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
     batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
-    ratio = horizon_ratio(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
-    weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, ratio)
-    decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if ratio is None else
-                  f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) / {ratio:.4g}, the horizon over "
-                  "depth 12's, as nanochat 92d63d4 scales it")
+    horizons = horizon_tokens(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
+    weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size,
+                                              horizons)
+    decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if horizons is None else
+                  f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) x ({horizons[1]:,.0f}/{horizons[0]:,}), "
+                  "depth 12's horizon over this run's, as nanochat 92d63d4 scales it")
 
     print0(f"run directory: {run_dir}")
     print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "

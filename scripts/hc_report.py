@@ -238,12 +238,13 @@ def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYO
         with torch.device("meta"):
             model = GPT(config)
         counted = model.estimate_flops()
-        projections = 6 * model.param_counts()["connections"]
+        projections = 6 * sum(p.numel() for p in model.connections.parameters() if p.numel() > 1)
         left_out = 0 if variant == "residual" else connections.spec(variant).stream_flops(config)
         rows.append([connections.label(variant), f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
                      f"{100 * left_out / counted:.2f}%"])
     return (f"FLOP convention at D={depth}, n={n} (GPT.estimate_flops; compute multipliers are in these FLOPs):\n"
-            "counted: 6 per matmul weight and token, connection projections included, and attention 12·h·d·window\n"
+            "counted: 6 per matmul weight and token (every parameter but the embeddings and one-element scalars),\n"
+            "connection projections included, and attention 12·h·d·window "
             "per layer; not counted: embeddings, the stream mixes (pre, post, res, the RMSNorm over nC) and building\n"
             "H_res (Sinkhorn, permutation mixtures), memory-bound element-wise passes.\n\n"
             + text_table(["Method", "FLOPs/token counted", "of which connections", "not counted (mixes, H_res)"],
