@@ -45,11 +45,17 @@ REFERENCE_BATCH = 2 ** 19
 BATCH_EXPONENT = 0.383
 
 
+def tag(trunk):
+    """A trunk in run tags and the report's file names, one spelling for both: 2026-07 -> t2607
+    (a YYYY-MM name this version does not know, an old or newer run's, the same way)."""
+    year, _, month = trunk.partition("-")
+    return f"t{year[2:]}{month}"
+
+
 def tag_suffix(trunk):
     """The model-tag suffix of a run moved to another trunk than its config's (speedrun's TRUNK):
     2026-07 -> _t2607, so that both trunks' runs share a base directory."""
-    year, month = check(trunk).split("-")
-    return f"_t{year[2:]}{month}"
+    return f"_{tag(check(trunk))}"
 
 
 def check(trunk):

@@ -16,7 +16,7 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import DEFAULT_GO_S, check_factors, default_factors, skew_generator_count
-from nanochat.connections.collapse import layer_measures, state_measures
+from nanochat.connections.collapse import MEASURE_VERSION, layer_measures, state_measures
 
 # The variants the HC layer formula counts (one projection W of 2n + R columns per layer);
 # frac, attnres and residual have their own formulas below. Each module's SPEC params reads
@@ -294,7 +294,8 @@ def mean_over(layers, key):
 def collect_hc_stats(model, idx):
     """Run `model` (the uncompiled GPT) on token ids idx (B, T) and return the
     JSON-serializable diagnostics of its connections: composite_col_mae, composite_row_mae,
-    fwd_gain, bwd_gain, per-layer dicts, variant, n, and more. Coefficients are those the
+    fwd_gain, bwd_gain, per-layer dicts, variant, n, the version of the collapse measures
+    (collapse.MEASURE_VERSION), and more. Coefficients are those the
     forward actually used (fp32 whatever the compute dtype); memory is L * B*T * n^2 floats."""
     conn = model.connections
     with conn.capture() as captured:
@@ -304,4 +305,5 @@ def collect_hc_stats(model, idx):
     if missing:
         raise RuntimeError(f"connection layers {missing} did not run in the forward; is `model` compiled? "
                            f"pass the uncompiled module")
-    return stats_from_records(records, model.config.hc, conn.n, captured["final"])
+    return {**stats_from_records(records, model.config.hc, conn.n, captured["final"]),
+            "collapse_version": MEASURE_VERSION}
