@@ -31,11 +31,12 @@
 # PLAN_MEMORY=0 skips the estimates).
 #
 # Trunks (docs/trunks.md): every mode but gpt2 trains on the 2026-01 trunk (the paper's) as its
-# configs say. TRUNK=2026-07 moves the ladder's and the frontier's runs to the 2026-07 trunk:
-# --trunk 2026-07 and that trunk's defaults for every flag whose default differs by trunk (its
-# automatic batch, schedules, ClimbMix), the frontier's horizon its data:param ratio, each run's
-# tag with the suffix _t2607, so that both trunks' runs live in one base dir. The report and
-# scripts.compare read each trunk's runs apart. gpt2 downloads the ClimbMix shards its plan needs
+# configs say. TRUNK=2026-07 moves the ladder's, the iso-FLOP grid's and the frontier's runs to
+# the 2026-07 trunk: --trunk 2026-07 and that trunk's defaults for every flag whose default
+# differs by trunk (its automatic batch, schedules, ClimbMix), the frontier's horizon its
+# data:param ratio (the ladder keeps its ratio, the grid its budgets), each run's tag with the
+# suffix _t2607, so that both trunks' runs live in one base dir. The report, scripts.compare
+# and scripts.isoflop read each trunk's runs apart. gpt2 downloads the ClimbMix shards its plan needs
 # and trains its tokenizer on them (tokenizer_climbmix beside tokenizer).
 #
 # Environment: NPROC (processes per node; default: every visible GPU), SEEDS (seeds per config,
@@ -65,8 +66,8 @@ case "$MODE" in
 esac
 TRUNK="${TRUNK:-2026-01}"
 case "$MODE:$TRUNK" in
-    *:2026-01|ladder:2026-07|frontier:2026-07) ;;
-    *:2026-07) echo "speedrun: error: TRUNK=$TRUNK applies to the ladder and frontier modes only; unset it for $MODE" >&2
+    *:2026-01|ladder:2026-07|isoflop:2026-07|frontier:2026-07) ;;
+    *:2026-07) echo "speedrun: error: TRUNK=$TRUNK applies to the ladder, isoflop and frontier modes only; unset it for $MODE" >&2
                exit 2 ;;
     *) echo "speedrun: error: unknown TRUNK '$TRUNK'; use 2026-01 (the default) or 2026-07 (nanochat/trunks.py)" >&2
        exit 2 ;;

@@ -9,6 +9,9 @@ or not at all; `latest` moves only after every file of the step exists, so a run
 mid-save resumes from the previous complete checkpoint. A checkpoint of W ranks also
 resumes on another number of ranks: every rank then loads all W optimizer files, which
 MuonAdamW.load_resharded regroups, and dataloader.reshard_states the W loader states.
+The meta's model config holds the frame's fields and its own wiring's alone
+(config_record), beside the file that defines the wiring (`wiring_file`): a run does not
+depend on which other wirings were registered when it trained.
 
 Disk: prune() keeps the K most recent intermediate checkpoints, the final one and the one
 `latest` names, and deletes the rest (with the files of torn saves older than `latest`).
@@ -17,6 +20,7 @@ checkpoint, and `latest`, as they were.
 """
 
 import base64
+import dataclasses
 import io
 import json
 import os
@@ -24,6 +28,7 @@ import re
 
 import torch
 
+from nanochat import connections
 from nanochat.common import base_dir
 from nanochat.connections.backends import fused, liger
 from nanochat.gpt import GPTConfig, build_model
@@ -219,15 +224,40 @@ def load_optimizer_state(run_dir, step, rank, device):
     return torch.load(_paths(run_dir, step, rank)[1], map_location=device, weights_only=True)
 
 
-def model_from_state(model_config, state, device):
-    """Rebuild a GPT from its config dict and a state dict. The init runs first because it
-    computes the non-persistent buffers; then every persistent tensor is overwritten."""
+def config_record(config):
+    """The model config as a checkpoint records it: the frame's fields and its own wiring's,
+    not the fields of the other wirings this process happens to register (they sit at their
+    defaults, and a process without those wirings could not read them back)."""
+    other = connections.other_fields(config.hc)
+    return {name: value for name, value in dataclasses.asdict(config).items() if name not in other}
+
+
+def config_from_record(record, where="this checkpoint", wiring_file=None):
+    """The GPTConfig of a recorded model config. A record written before config_record holds
+    every registered wiring's fields: those this process does not know are dropped (the
+    record's own wiring's are known, since it is registered), the others take their recorded
+    values (their defaults). A wiring this process has not registered ends the command in
+    one `error:` line naming the file to register (`wiring_file`, recorded beside the config)."""
+    hc = record.get("hc", "residual")
+    if hc not in connections.VARIANTS:
+        what = "its file" if wiring_file else "the file that defines it"
+        raise SystemExit(f"error: {where} holds a model of hc={hc!r}, a wiring this process has not registered: "
+                         f"register {what}, {connections.EXTERNAL}={wiring_file or f'PATH/{hc}.py'} "
+                         "(docs/connections.md, 'A wiring outside the package')")
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    return GPTConfig(**{name: value for name, value in record.items() if name in known})
+
+
+def model_from_state(model_config, state, device, where="this checkpoint", wiring_file=None):
+    """Rebuild a GPT from its recorded config (config_from_record) and a state dict. The init
+    runs first because it computes the non-persistent buffers; then every persistent tensor is
+    overwritten."""
     kernels = {"liger": liger, "fused": fused}.get(model_config.get("hc_kernels"))
     if kernels is not None and not (kernels.AVAILABLE and kernels.runs_on(torch.device(device).type)):
         # Either kernels compute the layers' function (held to the torch ops in the tests), so
         # a model trained with them evaluates anywhere with whichever ops can run there.
         model_config = dict(model_config, hc_kernels="auto")
-    model = build_model(GPTConfig(**model_config), device)
+    model = build_model(config_from_record(model_config, where, wiring_file), device)
     params = dict(model.state_dict())
     for k, v in state.items():
         if k in params and params[k].dtype != v.dtype:
@@ -249,6 +279,7 @@ def load_model(run_dir, step=None, device="cpu"):
         raise FileNotFoundError(f"no complete checkpoint of step {step} in {run_dir} "
                                 f"(complete: {[s for s in saved_steps(run_dir) if is_complete(run_dir, s)]})")
     meta = load_meta(run_dir, step)
-    model = model_from_state(meta["model_config"], load_model_state(run_dir, step, device), device)
+    model = model_from_state(meta["model_config"], load_model_state(run_dir, step, device), device,
+                             f"the checkpoint of step {step} in {run_dir}", meta.get("wiring_file"))
     model.eval()
     return model, meta

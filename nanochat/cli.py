@@ -66,13 +66,19 @@ def _failure(e):
                 "gradient accumulation keeps the total batch) or the sequence length", 1, False)
     if isinstance(e, (DatasetError, OSError)):
         return str(e), 1, False
+    # a wiring's declaration that does not hold (its message names the fix): the wiring's
+    # author's to fix, not a bug of the command (loaded by whatever read the registry)
+    spec = sys.modules.get("nanochat.connections.spec")
+    if spec is not None and isinstance(e, spec.SpecError):
+        return str(e), 1, False
     return f"{type(e).__name__}: {e}", 1, True
 
 
 def run(main, on_error=None):
     """Call main() with no arguments; a failure that is the user's to fix ends in one
     `error:` line: missing or corrupt data (DatasetError), a missing file or directory,
-    permissions, a full disk, GPU memory exhausted, Ctrl-C, and SystemExit messages.
+    permissions, a full disk, GPU memory exhausted, a wiring's declaration that does not hold
+    (SpecError), Ctrl-C, and SystemExit messages.
     Anything else is a bug and keeps its traceback. on_error(line, exit code), when given,
     hears every failure first (base_train passes it on to its other ranks)."""
     try:

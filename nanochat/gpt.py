@@ -582,18 +582,29 @@ class GPT(nn.Module):
 
     def estimate_flops(self):
         """Training FLOPs per token, the project's FLOP convention (compute multipliers are in
-        these units): 6 per matmul weight (forward + backward) plus attention scores and values
-        over each layer's effective window. Embeddings are lookups and do not count; every
-        connection parameter counts as a matmul weight (the projection x'W dominates them);
-        the stream mixes (pre, post, res), the RMSNorm over the n*C stream and building H_res
-        (Sinkhorn, permutation mixtures) are memory-bound element-wise passes and do not count
+        these units) and nanochat's: 6 per matmul weight (forward + backward, num_matmul_params)
+        plus attention scores and values over each layer's effective window. Embeddings are
+        lookups and do not count; every connection parameter but the one-element scalars counts
+        as a matmul weight (the projection x'W dominates them); the stream mixes (pre, post,
+        res), the RMSNorm over the n*C stream and building H_res (Sinkhorn, permutation
+        mixtures) are memory-bound element-wise passes and do not count
         (connections.diagnostics.stream_mix_flops sizes them: ~0.4 % at D=12, n=4; printed
-        by `python -m scripts.hc_report --params`)."""
-        counts = self.param_counts()
-        matmul_params = counts["non_embedding"]
+        by `python -m scripts.hc_report --params`). For the residual wiring this is nanochat's
+        own count, to the FLOP: 92d63d4's (tests/test_trunk.py) and 4d8dbaf's."""
         T = self.config.sequence_len
         attn = sum(12 * self.config.n_head * self.head_dim * min(w, T) for w in self.window_sizes)
-        return 6 * matmul_params + attn
+        return 6 * self.num_matmul_params() + attn
+
+    def num_matmul_params(self):
+        """The parameters counted as matmul weights: every one but the embedding tables and the
+        one-element scalars. The scalars multiply a state (the residual wiring's l_resid and l_x0,
+        2026-07's lambda_s and lambda_b, ReZero's alpha), 2 FLOPs per element of the state
+        rather than per parameter, which nanochat leaves out as it leaves out its per-layer
+        lambdas (92d63d4 counts the weights of its Linear layers; 4d8dbaf all parameters but the
+        embeddings and the lambdas). Counted by size rather than by layer class, so that the
+        float8 layers of --fp8 still count."""
+        scalars = sum(1 for p in self.parameters() if p.numel() == 1)
+        return self.param_counts()["non_embedding"] - scalars
 
     def param_groups(self, unembedding_lr=0.004, embedding_lr=0.3, matrix_lr=0.02, weight_decay=0.0,
                      hc_lr=0.005, scalar_lr=0.5, adam_betas=(0.8, 0.95), hc_betas=(0.8, 0.95),

@@ -9,6 +9,9 @@ the run `<model_tag>_s<s>` with init seed `seed + s`, and with `vary_data_order`
 `<model_tag>_s<s>_data` whose data order is shuffled by s.
 
 The cost of a run is its training tokens over a throughput, the first of:
+Only measurements on the device the plan is for price it: the GPU --gpu-name names (or any
+GPU where it names none), or the CPU for the offline demo (`measured_from_runs`,
+`read_gpu_check`).
 1. its own measurement (the same variant, depth, n and --hc-kernels backend): from finished run
    directories (summary.json's median tokens/s, per GPU), a `gpu_check.json` (schema in
    `read_gpu_check`), or the measurement committed as docs/gpu_check.json where the plan is for
@@ -17,7 +20,8 @@ The cost of a run is its training tokens over a throughput, the first of:
 2. a measured relative's (marked "≈ ... from <relative>"): the same wiring at another depth or n,
    or another member of its SPEC family (`family_of`: the HC members share the stream passes
    that residual's single state does without), on the same backend; the same depth first, from
-   another depth scaled by the run's FLOPs per token there over here (`relative_throughput`);
+   another depth scaled by the run's FLOPs per token there over here, from another n as measured
+   (and said so: the stream passes' bytes grow with n; `relative_throughput`);
 3. with no relative measured, another variant's measurement at the same depth (marked
    "assumed ... as <variant>"; never the committed one's, which prices only its own family);
 4. on a GPU whose peak is known, an assumed MFU of that peak over the run's FLOPs per token
@@ -442,26 +446,34 @@ def _read_json(path):
         return None
 
 
-def measured_from_runs(runs_root):
-    """Per-GPU tokens/s of every finished run under runs_root that trained on a GPU."""
+def measured_from_runs(runs_root, gpu_name="", device="cuda"):
+    """Per-device tokens/s of every finished run under runs_root that trained on the device the
+    plan prices: a GPU ("cuda"), the one `gpu_name` names where it names one (`same_gpu`
+    against the run's recorded device_name; a run that records none is left out), or the CPU
+    ("cpu": the offline demo's plan). A run on another device says nothing of this one's speed:
+    a tiny CPU run priced an H200 run at 10,000 times its cost."""
     out = []
     root = Path(runs_root)
     if not root.is_dir():
         return out
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         s = _read_json(run_dir / "summary.json")
-        if not s or not s.get("complete") or not s.get("tok_per_sec"):
+        if not s or not s.get("complete") or not s.get("tok_per_sec") or s.get("device") != device:
+            continue
+        name = s.get("device_name")
+        if device == "cuda" and gpu_name and not (isinstance(name, str) and same_gpu(gpu_name, name)):
             continue
         variant = s.get("hc", "residual")
         n = stream_count(variant, s.get("hc_streams"))
         # tok_per_sec counts the whole step's tokens, i.e. every rank's.
         out.append(Throughput(variant, s.get("depth"), n, s["tok_per_sec"] / max(1, s.get("world_size", 1)),
-                              f"run {run_dir.name} on {s.get('device', '?')}"))
+                              f"run {run_dir.name} on {name or device}"))
     return out
 
 
-def read_gpu_check(path, exact_only=False):
-    """Throughputs from scripts.gpu_check's JSON (one GPU): a forward + backward step without
+def read_gpu_check(path, exact_only=False, gpu_name=""):
+    """Throughputs from scripts.gpu_check's JSON (one GPU; none when `gpu_name` names another
+    GPU than its env's device_name, or it names none): a forward + backward step without
     the optimizer (a slight overestimate of training throughput). From its "model" section, one
     entry per (depth, variant) with "label", "variant", "depth", "n" and "tokens_per_s" (the
     torch backend; the full-causal reference rows, label != variant, are skipped); and from its
@@ -470,6 +482,9 @@ def read_gpu_check(path, exact_only=False):
     skipped, as are malformed entries. exact_only: see Throughput."""
     data = _read_json(Path(path))
     if not isinstance(data, dict) or data.get("profile") != "gpu":
+        return []
+    device = data.get("env", {}).get("device_name") if isinstance(data.get("env"), dict) else None
+    if gpu_name and not (isinstance(device, str) and same_gpu(gpu_name, device)):
         return []
     entries = [dict(e, kernels="torch") for e in data.get("model") or [] if isinstance(e, dict)
                and e.get("label") == e.get("variant")]
@@ -593,6 +608,58 @@ def family_of(variant):
     return connections.spec(variant).family
 
 
+_H_CONVENTION = {}  # wiring -> whether its layers follow the H-convention (one check per process)
+
+
+def follows_h_convention(variant):
+    """Whether a wiring's layers compute X_next = H_res X + H_post^T F(H_pre X) with the
+    (h_pre, h_post, h_res) their `coefficients(X)` gives, of shapes (..., n), (..., n),
+    (..., n, n): what SPEC family="hc" promises. Checked once on a tiny model (width 32, n as
+    it defaults), its parameters moved off their init; False for any layer that cannot say."""
+    if variant not in _H_CONVENTION:
+        import torch
+
+        from nanochat.gpt import GPTConfig
+        holds = False
+        try:
+            with torch.random.fork_rng(devices=[]):
+                g = torch.Generator().manual_seed(0)
+                conn = connections.build(GPTConfig(sequence_len=8, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2,
+                                                   n_embd=32, hc=variant))
+                conn.init_weights()
+                with torch.no_grad():
+                    for p in conn.parameters():
+                        p.add_(0.1 * torch.randn(p.shape, generator=g))
+                    M = torch.randn(32, 32, generator=g) / 32 ** 0.5
+                    branch = lambda u: torch.tanh(u @ M)  # noqa: E731
+                    layer, n = conn.layers[1], conn.n
+                    X = torch.randn(2, 3, n, 32, generator=g)
+                    h_pre, h_post, h_res = layer.coefficients(X)
+                    if (h_pre.shape, h_post.shape, h_res.shape) == ((2, 3, n), (2, 3, n), (2, 3, n, n)):
+                        read = branch((h_pre[..., None, :] @ X).squeeze(-2))
+                        mixed = h_res @ X + h_post[..., None] * read[..., None, :]
+                        holds = torch.allclose(layer(X, branch), mixed, atol=1e-5, rtol=1e-5)
+        except Exception:  # a layer without coefficients(), or whose shapes do not broadcast so
+            holds = False
+        _H_CONVENTION[variant] = holds
+    return _H_CONVENTION[variant]
+
+
+def family_hint(variant):
+    """One line for a registered wiring that has n streams and an H_res, declares no family,
+    and whose layers follow the H-convention (follows_h_convention): it could declare
+    family="hc", and without it the plan prices it as another variant and hc_report's family
+    tables leave it out. None otherwise (frac's and the gated residual's layers do not follow it)."""
+    if variant not in connections.VARIANTS:
+        return None
+    spec = connections.spec(variant)
+    if spec.family is not None or not (spec.streams and spec.has_h_res) or not follows_h_convention(variant):
+        return None
+    return (f"hc={variant!r} has n streams and an H_res in the H-convention but declares no family: it could "
+            "declare family=\"hc\" in its SPEC, and be priced from the HC family's measurements and listed in "
+            "hc_report's family tables (docs/connections.md, 'The variant contract')")
+
+
 def related(variant, other):
     """Whether a measurement of `other` may price a run of `variant`: the same wiring, or two
     members of one family (the HC members share the stream passes that residual's single
@@ -658,7 +725,8 @@ def rate_cell(m, kind, run):
     if kind == "another":
         return f"assumed {rate} as {m.variant} ({m.source})"
     if kind == "≈":
-        differs = ("" if m.depth == run.depth else f" D{m.depth}") + ("" if m.n == run.n else f" n={m.n}")
+        differs = (("" if m.depth == run.depth else f" D{m.depth}")
+                   + ("" if m.n == run.n else f" n={m.n}, taken as measured"))
         return f"≈ {rate} from {m.variant}{differs} ({m.source})"
     return f"{rate} ({m.source})"
 
@@ -688,12 +756,13 @@ def format_duration(seconds):
 
 
 def format_count(value):
+    """1.25B, 3.40M, 2.00K, and below a thousand three significant digits (51.0, 0.5)."""
     if value is None:
         return "—"
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if value >= size:
             return f"{value / size:.2f}{unit}"
-    return str(value)
+    return f"{value:.3g}"
 
 
 def format_flops(value):
@@ -705,8 +774,11 @@ def format_flops(value):
 ASSUMED_KINDS = frozenset({"assumed", "another"})
 LEGEND = ("≈ ... from V: not measured itself; priced from V, a measured relative (the same wiring, or a member of "
           "its SPEC family) on the same --hc-kernels backend, the same depth first, from another depth (D) scaled "
-          "by FLOPs per token. assumed ... as V: no relative measured; another variant's measurement at the same "
-          "depth taken as its own. Evaluation time is not included.")
+          "by FLOPs per token; from another stream count (n=...) taken as measured, not scaled: the stream passes "
+          "move n*C values a token, so the rate of a wider n is high for it and of a narrower one low. assumed ... "
+          "as V: no relative measured; another variant's measurement at the same depth taken as its own. Only "
+          "measurements on the plan's GPU (--gpu-name, where given) or CPU price it. Evaluation time is not "
+          "included.")
 
 
 def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
@@ -752,6 +824,7 @@ def plan_table(runs, measured, nproc, unit="GPU", assumption=None, memory=None):
     if "assumed" in kinds:
         lines.append(assumption.describe() + ".")
     lines += settings_lines(runs)
+    lines += [hint for hint in (family_hint(v) for v in dict.fromkeys(r.variant for r in runs)) if hint]
     covered = covered_line(measured)
     if covered:
         lines.append(covered + ".")

@@ -263,9 +263,12 @@ def parse_args(argv=None):
     return args
 
 
-def settings(args):
-    """The flag values of a Namespace as a plain dict (without --config)."""
-    return {name: getattr(args, name) for name in FLAG_NAMES}
+def settings(args, hc=None):
+    """The flag values of a Namespace as a plain dict (without --config). With `hc`, what a run
+    of that wiring records (config.toml, the checkpoint's settings): less the own fields of the
+    other wirings, which it never reads and which sit at their defaults."""
+    other = connections.other_fields(hc) if hc is not None else set()
+    return {name: getattr(args, name) for name in FLAG_NAMES if name not in other}
 
 
 def _toml_value(value):
@@ -320,20 +323,28 @@ def scaling_params(config):
         return GPT(config).num_scaling_params()
 
 
-def horizon_ratio(args, config, vocab_size):
-    """This run's data:param horizon over the depth-12 reference's, which 2026-07's automatic
-    batch and weight-decay scaling compare (nanochat 92d63d4 base_train.py). Both horizons are
-    the same data:param ratio times the scaling parameters: the ratio cancels. At the reference
-    depth itself it is 1, with no model built."""
+def horizon_tokens(args, config, vocab_size):
+    """(this run's token horizon, the depth-12 reference's), which 2026-07's automatic batch and
+    weight-decay scaling compare, exactly as nanochat 92d63d4's base_train.py computes them:
+    target_tokens = int(ratio * N), an integer, and D_REF = ratio * N_12, a float, with N the
+    scaling parameters and ratio the run's --target-param-data-ratio (its trunk's default where
+    the flag is off: the ratio cancels but for the int())."""
+    ratio = args.target_param_data_ratio
+    if ratio <= 0:
+        ratio = trunks.FLAG_DEFAULTS[args.trunk]["target_param_data_ratio"]
+    params = scaling_params(config)
     if args.depth == trunks.REFERENCE_DEPTH:
-        return 1.0
-    reference = model_config_for(argparse.Namespace(**{**vars(args), "depth": trunks.REFERENCE_DEPTH}), vocab_size)
-    return scaling_params(config) / scaling_params(reference)
+        reference = params
+    else:
+        reference = scaling_params(model_config_for(
+            argparse.Namespace(**{**vars(args), "depth": trunks.REFERENCE_DEPTH}), vocab_size))
+    return int(ratio * params), ratio * reference
 
 
 def resolve_total_batch(args, config, vocab_size):
     """--total-batch-size auto: (the batch, the log line); nanochat/trunks.py auto_total_batch."""
-    ratio = horizon_ratio(args, config, vocab_size)
-    batch = trunks.auto_total_batch(ratio)
+    target, reference = horizon_tokens(args, config, vocab_size)
+    batch = trunks.auto_total_batch(target, reference)
+    ratio = target / reference
     return batch, (f"total batch {batch:,} tokens (--total-batch-size auto: 2^19 x {ratio:.4g}^{trunks.BATCH_EXPONENT}, "
                    f"the horizon {ratio:.4g}x depth {trunks.REFERENCE_DEPTH}'s, to a power of two)")

@@ -45,11 +45,17 @@ REFERENCE_BATCH = 2 ** 19
 BATCH_EXPONENT = 0.383
 
 
+def tag(trunk):
+    """A trunk in run tags and the report's file names, one spelling for both: 2026-07 -> t2607
+    (a YYYY-MM name this version does not know, an old or newer run's, the same way)."""
+    year, _, month = trunk.partition("-")
+    return f"t{year[2:]}{month}"
+
+
 def tag_suffix(trunk):
     """The model-tag suffix of a run moved to another trunk than its config's (speedrun's TRUNK):
     2026-07 -> _t2607, so that both trunks' runs share a base directory."""
-    year, month = check(trunk).split("-")
-    return f"_t{year[2:]}{month}"
+    return f"_{tag(check(trunk))}"
 
 
 def check(trunk):
@@ -59,10 +65,11 @@ def check(trunk):
     return trunk
 
 
-def auto_total_batch(horizon_ratio):
+def auto_total_batch(target_tokens, reference_tokens):
     """2026-07's automatic total batch: 2^19 tokens at the reference horizon, scaled by this
-    run's horizon over it (`horizon_ratio`) to the power 0.383, rounded to a power of two."""
-    return 2 ** round(math.log2(REFERENCE_BATCH * horizon_ratio ** BATCH_EXPONENT))
+    run's horizon over it to the power 0.383, rounded to a power of two (92d63d4's expression:
+    the horizons as train_config.horizon_tokens gives them)."""
+    return 2 ** round(math.log2(REFERENCE_BATCH * (target_tokens / reference_tokens) ** BATCH_EXPONENT))
 
 
 def batch_lr_scale(total_batch):
@@ -70,9 +77,14 @@ def batch_lr_scale(total_batch):
     return (total_batch / REFERENCE_BATCH) ** 0.5
 
 
-def scaled_weight_decay(trunk, weight_decay, depth, total_batch, horizon_ratio):
+def scaled_weight_decay(trunk, weight_decay, depth, total_batch, horizons=None):
     """The Muon weight decay in force. 2026-01: wd (12/depth)^2. 2026-07: keep B/(lr wd D)
-    constant (arXiv 2405.13698) with lr ~ sqrt(B): wd sqrt(B/2^19) / horizon_ratio."""
+    constant (arXiv 2405.13698) with lr ~ sqrt(B): wd sqrt(B/2^19) (D_12/D), in 92d63d4's
+    order of operations (its base_train.py: `weight_decay * math.sqrt(total_batch_size / B_REF)
+    * (D_REF / target_tokens)`), `horizons` = (target_tokens, D_REF) as
+    train_config.horizon_tokens gives them. Another order (dividing by D/D_12) is 1 ulp off at
+    depth 20."""
     if trunk == DEFAULT:
         return weight_decay * (REFERENCE_DEPTH / depth) ** 2
-    return weight_decay * math.sqrt(total_batch / REFERENCE_BATCH) / horizon_ratio
+    target_tokens, reference_tokens = horizons
+    return weight_decay * math.sqrt(total_batch / REFERENCE_BATCH) * (reference_tokens / target_tokens)

@@ -24,7 +24,6 @@ import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
-import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -35,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from nanochat import checkpoint as ckpt  # noqa: E402
-from nanochat import preempt, preflight, trunks, watchdog  # noqa: E402
+from nanochat import preempt, preflight, saddle, trunks, watchdog  # noqa: E402
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liveness  # noqa: E402
@@ -45,7 +44,7 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
 from nanochat.gpt import attention_backend, autocast_for, build_model, compiled  # noqa: E402
 from nanochat.plan import format_duration  # noqa: E402
-from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_ratio,  # noqa: E402
+from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_tokens,  # noqa: E402
                                    resolve_total_batch,
                                    model_config_for, num_iterations_for, parse_args, settings)
 
@@ -191,20 +190,49 @@ def connection_grad_norm(norms):
     return math.sqrt(sum(float(v) ** 2 for v in parts)) if parts else None
 
 
+# A wiring whose gradient is rounding in step 1 but not a saddle is looked at again this many
+# steps later: by then the body has left nanochat's zero output projections.
+SLOW_START_STEPS = 5
+
+
+def start_check(hc_grad_norm, total_norm, config, step, is_saddle=saddle.is_saddle):
+    """What the first gradient after an update says of the wiring's start: (one line or None,
+    the step to look again at or None). Live: nothing. Rounding alone (connections/liveness.py:
+    within one fp32 roundoff of the model's gradient norm), then the probe (nanochat/saddle.py)
+    tells a saddle, which the body's moving does not end (a warning), from a slow start,
+    which it does (a note, and another look SLOW_START_STEPS later: dead_connections)."""
+    if not liveness.wiring_is_dead(hc_grad_norm, total_norm):
+        return None, None
+    seen = f"in step {step} (norm {hc_grad_norm:.1e} against the model's {total_norm:.1e})"
+    if is_saddle(config):
+        return (f"warning: hc={config.hc!r} starts at a saddle: its gradient is rounding alone {seen}, and stays so "
+                "with the body moved off its init (nanochat/saddle.py); it leaves only where AdamW's eps turns "
+                "rounding into steps, in a direction the hardware's rounding picks. Start it elsewhere "
+                "(docs/variants.md, 'Dead by construction')"), None
+    again = step + SLOW_START_STEPS
+    return (f"slow start: hc={config.hc!r} got a gradient of rounding alone {seen}, but not at a saddle: with the "
+            "body moved off its init it is live (nanochat/saddle.py), so it should learn as the body leaves its "
+            f"init; looking again in step {again}"), again
+
+
 def dead_connections(hc_grad_norm, total_norm, variant, step):
-    """The one warning line when no connection parameter got a gradient above rounding
-    (connections/liveness.py: hc_grad_norm within one fp32 roundoff of the model's total
-    gradient norm; None: the wiring has no parameter), else None. Such a run's loss still
-    falls, as the embedding and the head learn, but the wiring never moves. The loop asks it of
-    the first gradient after an optimizer step (step 1 of a fresh run): in step 0 nanochat's
-    zero output projections leave most wirings without a gradient (no branch output yet, and a
-    multiple of x0 that the final norm does not see), which the first update ends."""
+    """The look again at a slow start: the one warning line when no connection parameter got a
+    gradient above rounding (connections/liveness.py; None: the wiring has no parameter), else
+    None. Such a run's loss still falls, as the embedding and the head learn, but the wiring
+    never moves: its start and the body's hold each other (zero scales in front of nanochat's
+    zero output projections)."""
     if not liveness.wiring_is_dead(hc_grad_norm, total_norm):
         return None
     return (f"warning: every connection parameter of hc={variant!r} got no gradient above rounding in step {step} "
             f"(norm {hc_grad_norm:.1e} against the model's {total_norm:.1e}): this wiring cannot learn from its "
             "start (e.g. zero scales in front of nanochat's zero output projections); a wiring gives its "
             "sub-layers a start of their own through init_sublayers (docs/connections.md, 'Adding a wiring')")
+
+
+def slow_start_over(hc_grad_norm, total_norm, variant, step):
+    """The look again's line when the slow start ended."""
+    return (f"slow start over: hc={variant!r} gets a live gradient in step {step} (norm {hc_grad_norm:.1e}, "
+            f"{hc_grad_norm / total_norm:.1e} of the model's)")
 
 
 def clean_metrics_log(path, resume_step):
@@ -332,7 +360,7 @@ def main(argv=None):
         print0(batch_note)
     model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
     run_dir = ckpt.run_dir_for(model_tag)
-    values = settings(args)
+    values = settings(args, config.hc)
     values["model_tag"] = model_tag
 
     # ---- resume or fresh start
@@ -382,11 +410,12 @@ def main(argv=None):
     accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
     num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
     batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
-    ratio = horizon_ratio(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
-    weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size, ratio)
-    decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if ratio is None else
-                  f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) / {ratio:.4g}, the horizon over "
-                  "depth 12's, as nanochat 92d63d4 scales it")
+    horizons = horizon_tokens(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
+    weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size,
+                                              horizons)
+    decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if horizons is None else
+                  f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) x ({horizons[1]:,.0f}/{horizons[0]:,}), "
+                  "depth 12's horizon over this run's, as nanochat 92d63d4 scales it")
 
     print0(f"run directory: {run_dir}")
     print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "
@@ -397,6 +426,8 @@ def main(argv=None):
     print0(f"connections: {config.hc} ({spec.label}), n={config.hc_streams}"
            + (f", {spec.settings(config)}" if spec.settings else "")
            + "".join(f", {option}" for option in options))
+    if resume_meta is None and connections.pretraining_warning(config):
+        print0(connections.pretraining_warning(config))
     print0(f"parameters: {counts['total']:,} total, {counts['non_embedding']:,} non-embedding "
            f"(value embeddings {'on' if config.value_embeds else 'off'}); by role: "
            + ", ".join(f"{k} {counts[k]:,}" for k in ("wte", "value_embeds", "lm_head", "transformer_matrices",
@@ -508,7 +539,8 @@ def main(argv=None):
         rank_state = {"dataloader": loader_state, "rng": ckpt.encode_rng_state()}
         ranks = gather_objects(rank_state, info)
         if master:
-            meta = {"step": step, "model_config": dataclasses.asdict(config), "settings": values,
+            meta = {"step": step, "model_config": ckpt.config_record(config),
+                    "wiring_file": connections.wiring_file(config.hc), "settings": values,
                     "world_size": info.world_size, "num_iterations": num_iterations,
                     "loop": loop, "ranks": ranks}
         try:
@@ -589,6 +621,7 @@ def main(argv=None):
     batch = None  # the next step's first micro-batch, fetched while the GPU still works
     batch_state = None  # the loader's state before that fetch: what a checkpoint of this step records
     saved_step = start_step  # the step whose checkpoint is on disk (none for a fresh start)
+    look_again = None  # the step a slow start of the wiring is looked at again (start_check)
     stopping = False  # every rank has agreed to stop: a signal reached at least one of them
     votes = torch.zeros(2, device=device)  # the step's loss and stop vote, all-reduced together
     while True:
@@ -707,10 +740,16 @@ def main(argv=None):
                 hc_grad_norm=hc_grad_norm, tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
                 total_time=loop["total_training_time"], epoch=train_loader.epoch,
                 tokens=(step + 1) * tokens_per_step)
-        warning = (dead_connections(hc_grad_norm, float(norms["total"]), config.hc, step)
-                   if step == max(start_step, 1) else None)
-        if warning:
-            print0(warning)
+        if step == max(start_step, 1):  # the probe on rank 0 alone: the line is rank 0's
+            line, look_again = (start_check(hc_grad_norm, float(norms["total"]), config, step) if master
+                                else (None, None))
+        elif step == look_again:
+            line = (dead_connections(hc_grad_norm, float(norms["total"]), config.hc, step)
+                    or slow_start_over(hc_grad_norm, float(norms["total"]), config.hc, step))
+        else:
+            line = None
+        if line:
+            print0(line)
         step += 1
         # As nanochat: after the first step (compilation done) freeze what exists and stop the
         # cyclic garbage collector, whose scans paused steps for ~500 ms; collect by hand rarely.
@@ -747,7 +786,7 @@ def main(argv=None):
                        "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
                        "transformer_matrices": counts["transformer_matrices"]},
             "hc": config.hc, "hc_streams": config.hc_streams,
-            **{name: getattr(config, name) for name in connections.variant_fields()},
+            **{name: getattr(config, name) for name in getattr(connections.VARIANTS[config.hc], "FIELDS", {})},
             "depth": config.n_layer, "model_dim": config.n_embd,
             "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
             "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,

@@ -31,9 +31,14 @@ def cases(args):
     """(variant, backend) pairs: the residual baseline, then each variant of --variants on
     each backend of --hc-kernels (default all three) that it runs on (SPEC backends) and with
     the pre-weights of --hc-pre where it takes them; a variant without stream kernels is
-    counted on torch, one line saying what was left out."""
+    counted on torch, one line saying what was left out, and one line names the single-state
+    wirings left out."""
     backends = [k for k in args.hc_kernels if k in BACKENDS] if args.hc_kernels != ["torch"] else list(BACKENDS)
     out = [("residual", "torch")]
+    single = [v for v in args.variants if v != "residual" and not connections.spec(v).streams]
+    if single:
+        print(f"skipped {', '.join(single)}: one state, no streams (SPEC state='single'): their traffic is the "
+              "residual baseline's row plus their own reads, which --traffic does not count", flush=True)
     for variant in args.variants:
         if variant == "residual" or not connections.spec(variant).streams:
             continue

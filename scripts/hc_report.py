@@ -26,6 +26,7 @@ every variant and option, eager and compiled, at two sizes (nanochat/memory_chec
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -237,12 +238,13 @@ def flop_convention_table(depth=12, n=paper.PAPER_STREAMS, layout=paper.PIN_LAYO
         with torch.device("meta"):
             model = GPT(config)
         counted = model.estimate_flops()
-        projections = 6 * model.param_counts()["connections"]
+        projections = 6 * sum(p.numel() for p in model.connections.parameters() if p.numel() > 1)
         left_out = 0 if variant == "residual" else connections.spec(variant).stream_flops(config)
         rows.append([connections.label(variant), f"{counted / 1e9:.3f}G", f"{100 * projections / counted:.2f}%",
                      f"{100 * left_out / counted:.2f}%"])
     return (f"FLOP convention at D={depth}, n={n} (GPT.estimate_flops; compute multipliers are in these FLOPs):\n"
-            "counted: 6 per matmul weight and token, connection projections included, and attention 12·h·d·window\n"
+            "counted: 6 per matmul weight and token (every parameter but the embeddings and one-element scalars),\n"
+            "connection projections included, and attention 12·h·d·window "
             "per layer; not counted: embeddings, the stream mixes (pre, post, res, the RMSNorm over nC) and building\n"
             "H_res (Sinkhorn, permutation mixtures), memory-bound element-wise passes.\n\n"
             + text_table(["Method", "FLOPs/token counted", "of which connections", "not counted (mixes, H_res)"],
@@ -268,6 +270,9 @@ def dead_table(depth=12, n=paper.PAPER_STREAMS):
 
 
 def print_params(args):
+    from nanochat.plan import family_hint
+    for hint in filter(None, map(family_hint, connections.VARIANTS)):
+        print(hint, end="\n\n")
     print(model_size_table(), end="\n\n")
     print(main_table(), end="\n\n")
     print(flop_convention_table(), end="\n\n")
@@ -375,15 +380,22 @@ def print_states(run_dir, stats, source, config):
 
 def gradient_liveness(model, x):
     """(rows of connections/liveness.py for the connection gradients, the whole model's
-    gradient norm) of one fp32 loss on the batch `x` (its own next tokens as targets)."""
-    model.zero_grad(set_to_none=True)
+    gradient norm) of one loss on the batch `x` (its own next tokens as targets), on an fp64
+    copy of the model: rounding then sits ten orders below a live gradient, so that each part
+    its wiring declares (SPEC parts: e.g. an HC layer's res columns) is judged on its own."""
+    from nanochat.gpt import build_model
+    # the stream ops and attention in plain PyTorch: the Triton kernels and FlexAttention do not run fp64
+    config = dataclasses.replace(model.config, hc_kernels="torch", attention="sdpa")
+    copy = build_model(config, x.device)
+    copy.load_state_dict(model.state_dict())
+    copy.double()
     with torch.autocast(x.device.type, enabled=False):
-        model(x[:, :-1], x[:, 1:]).backward()
-    grads = {name: p.grad for name, p in model.connections.named_parameters()}
-    total = float(torch.stack([p.grad.double().square().sum() for p in model.parameters() if p.grad is not None])
-                  .sum().sqrt())
-    model.zero_grad(set_to_none=True)
-    return liveness.report(grads, connections.spec(model.config.hc).dead_parameters(model.config)), total
+        copy(x[:, :-1], x[:, 1:]).backward()
+    grads = {name: p.grad if p.grad is not None else torch.zeros_like(p)
+             for name, p in copy.connections.named_parameters()}
+    total = float(torch.stack([p.grad.square().sum() for p in copy.parameters() if p.grad is not None]).sum().sqrt())
+    spec = connections.spec(config.hc)
+    return liveness.report(grads, spec.dead_parameters(config), spec.judged_parts(config), torch.float64), total
 
 
 def liveness_lines(rows, total, variant):
@@ -394,13 +406,13 @@ def liveness_lines(rows, total, variant):
         return []
     live = [r for r in rows if r["part"] == "live"]
     scale = rows[0]["scale"]
-    out = [f"gradients on this batch (fp32; connections/liveness.py): the wiring's norm {scale:.2e} against the "
+    out = [f"gradients on this batch (fp64; connections/liveness.py): the wiring's norm {scale:.2e} against the "
            f"model's {total:.2e}"]
-    if liveness.wiring_is_dead(scale, total):
-        out.append(f"  warning: hc={variant!r} gets no gradient above rounding (within one fp32 roundoff of the "
+    if liveness.wiring_is_dead(scale, total, torch.float64):
+        out.append(f"  warning: hc={variant!r} gets no gradient above rounding (within one fp64 roundoff of the "
                    "model's): it cannot learn from here")
-    out.append(f"  {sum(r['live'] for r in live)} of {len(live)} connection parameters learn (a norm above "
-               f"{liveness.PART_FACTOR} fp32 roundoffs of the wiring's)")
+    out.append(f"  {sum(r['live'] for r in live)} of {len(live)} parts of the connection parameters learn (a norm "
+               f"above {liveness.PART_FACTOR} fp64 roundoffs of the wiring's; each declared slice judged on its own)")
     out += [f"  dead by construction: {r['name']} (norm {r['norm']:.1e}): {r['reason']}" for r in rows
             if r["part"] != "live"]
     out += [f"  warning: {r['name']} " + ("gets rounding alone" if r["part"] == "live" else "is declared dead but learns")

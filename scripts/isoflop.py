@@ -2,10 +2,13 @@
 connection, the compute-optimal size from a parabola of final val bpb in ln(params), the frontier
 over budgets, and the CM along it against the baseline's frontier.
 
-    python -m scripts.isoflop --runs-root DIR [--select GLOB] [--baseline-label residual] [--json PATH]
+    python -m scripts.isoflop --runs-root DIR [--select GLOB] [--trunk 2026-01|2026-07] [--baseline-label residual]
+        [--json PATH]
 
 Reads config.toml and summary.json of the runs under DIR whose names match --select (default
-`*`); a run enters when it was trained to a FLOPs budget (--target-flops). Prints one row per
+`*`); a run enters when it was trained to a FLOPs budget (--target-flops). Runs of one trunk only
+(config.toml's `trunk`; docs/trunks.md): --trunk picks them, and runs of two without it are
+refused, as scripts.compare does. Prints one row per
 connection and budget (warnings on stderr); --json writes {"baseline", "baseline_fit", "messages", "variants":
 {label: {"frontier": [...], "frontier_cm": [...]}}} (see nanochat/report/isoflop_section.py).
 """
@@ -15,10 +18,11 @@ import json
 import sys
 from pathlib import Path
 
+from nanochat import trunks
 from nanochat.cli import run
 from nanochat.common import text_table
 from nanochat.report.isoflop_section import BASELINE_LABEL, HEADER, NOTE, rows, study
-from nanochat.report.runs import load_run, select_runs
+from nanochat.report.runs import load_run, one_trunk, select_runs
 
 
 def build_parser():
@@ -26,6 +30,8 @@ def build_parser():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-root", metavar="DIR", help="directory of run directories (default: <base dir>/runs)")
     parser.add_argument("--select", default="*", metavar="GLOB", help="only runs whose name matches (default: *)")
+    parser.add_argument("--trunk", choices=trunks.TRUNKS,
+                        help="only the runs of this trunk (default: the runs' one trunk; runs of two are refused)")
     parser.add_argument("--baseline-label", default=BASELINE_LABEL,
                         help=f"connection label of the baseline (default: {BASELINE_LABEL})")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
@@ -36,7 +42,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     dirs = select_runs(args.runs_root, args.select)
     root = dirs[0].parent
-    result, front, _ = study([load_run(d) for d in dirs], args.baseline_label)
+    try:
+        runs = one_trunk([load_run(d) for d in dirs], args.trunk)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}; read one trunk's grid with --trunk {' or --trunk '.join(trunks.TRUNKS)}") from None
+    result, front, _ = study(runs, args.baseline_label)
     for line in result["messages"]:
         print(line, file=sys.stderr)
     if not front:

@@ -12,8 +12,10 @@ configs' settings, the depth and the horizon overridden, tags `<prefix>_d<depth>
 `<prefix>_<budget>_d<depth>_<label>`, the label being the file name without a leading `d<N>_`);
 the three may be mixed, in that order. The run list (--tsv) has one line per run: config, model
 tag, `all` or `train` (train: no evaluation after training), then the extra base_train flags,
-tab-separated; speedrun.sh trains them in that order. A run's throughput is its own measurement:
-from finished runs under <base dir>/runs, <base dir>/gpu_check.json (or --gpu-check FILE), or,
+tab-separated; speedrun.sh trains them in that order. Only measurements on the plan's device price
+it: the GPU --gpu-name names (any GPU where none is named; --unit CPU: the CPU). A run's throughput is
+its own measurement: from finished runs under <base dir>/runs, <base dir>/gpu_check.json (or
+--gpu-check FILE), or,
 where --gpu-name names the GPU that made docs/gpu_check.json (as nvidia-smi names it or
 as the README does: "H200"), that measurement; else a measured relative's (the same wiring at
 another depth, or a member of its family, on the same --hc-kernels backend), marked "≈ ... from";
@@ -62,7 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--vary-data-order", action="store_true",
                         help="seeds > 0 also shuffle the data order (tag suffix _s<seed>_data)")
     parser.add_argument("--nproc", type=positive_int(), default=1, help="GPUs (processes) per run")
-    parser.add_argument("--unit", default="GPU", help="what --nproc counts, for the printout (default GPU)")
+    parser.add_argument("--unit", default="GPU",
+                        help="what --nproc counts (default GPU); CPU (the offline demo's) prices the runs from "
+                             "finished CPU runs, anything else from GPU measurements only")
     parser.add_argument("--runs-root", help="run directories (default <base dir>/runs)")
     parser.add_argument("--gpu-check", help="gpu_check.json (default <base dir>/gpu_check.json, if present)")
     parser.add_argument("--gpu-name", default="",
@@ -141,7 +145,11 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     gpu_check = Path(args.gpu_check) if args.gpu_check else base / "gpu_check.json"
-    measured = (plan.measured_from_runs(runs_root) + (plan.read_gpu_check(gpu_check) if gpu_check.is_file() else [])
+    # only the device the plan is for prices it: the CPU demo's runs (--unit CPU), or the GPU named
+    device = "cpu" if args.unit.lower().startswith("cpu") else "cuda"
+    measured = (plan.measured_from_runs(runs_root, args.gpu_name, device)
+                + (plan.read_gpu_check(gpu_check, gpu_name=args.gpu_name) if gpu_check.is_file() and device == "cuda"
+                   else [])
                 + plan.committed_measurement(args.gpu_name))
     assumption = plan.assumption_for(args.gpu_name, args.mfu)
     if args.tsv:

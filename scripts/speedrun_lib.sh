@@ -206,14 +206,15 @@ study_plan_args() {
 # study_report MODE: after the report, what a connection is worth over the mode's runs under
 # $NANOCHAT_BASE_DIR/runs: scripts.compare on the ladder (cpu: the demo's runs, the depth-4 ones
 # and the ladder's; ladder: ladder_* of TRUNK, default 2026-01), scripts.isoflop on the grid
-# (isoflop_*); into report/ (REPORT_DIR). Other modes: nothing. Non-zero when the command failed.
+# (isoflop_* of TRUNK); into report/ (REPORT_DIR). Other modes: nothing. Non-zero when the command failed.
 study_report() {
     local out="${REPORT_DIR:-report}" root="$NANOCHAT_BASE_DIR/runs"
     case "$1" in
         cpu)     python -m scripts.compare --runs-root "$root" --select 'cpu_*' --json "$out/compare.json" --out "$out/compare" ;;
         ladder)  python -m scripts.compare --runs-root "$root" --select 'ladder_*' --trunk "${TRUNK:-2026-01}" \
                      --json "$out/compare.json" --out "$out/compare" ;;
-        isoflop) python -m scripts.isoflop --runs-root "$root" --select 'isoflop_*' --json "$out/isoflop.json" ;;
+        isoflop) python -m scripts.isoflop --runs-root "$root" --select 'isoflop_*' --trunk "${TRUNK:-2026-01}" \
+                     --json "$out/isoflop.json" ;;
     esac
 }
 

@@ -34,8 +34,12 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 # The test suite's own wiring, Static HC (tests/wirings/static_hc.py: docs/connections.md's
 # second worked example), registered from outside the package as a user's would be, before
 # nanochat.connections is first imported: every shared check that iterates over the registry
-# runs on it too, in this process and in the commands the tests start.
-os.environ["NANOCHAT_WIRINGS"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wirings", "static_hc.py")
+# runs on it too, in this process and in the commands the tests start. Appended to what the
+# variable already names, so that a user's wiring goes through the same checks
+# (docs/connections.md, "A wiring outside the package").
+STATIC_HC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wirings", "static_hc.py")
+_named = [path for path in os.environ.get("NANOCHAT_WIRINGS", "").split(os.pathsep) if path]
+os.environ["NANOCHAT_WIRINGS"] = os.pathsep.join(_named + ([STATIC_HC] if STATIC_HC not in _named else []))
 
 import pytest  # noqa: E402
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanochat.connections.collapse import (best_assignment, effective_count, logit_range, mixing_measures,
-                                           state_measures)
+from nanochat.connections.collapse import (MEASURE_VERSION, best_assignment, effective_count, logit_range,
+                                           mixing_measures, state_measures)
 from nanochat.connections.diagnostics import COLLAPSE_SUMMARY, collect_hc_stats
 from nanochat.gpt import GPTConfig, build_model
 
@@ -130,6 +130,7 @@ def test_model_stats_hold_the_collapse_measures_per_layer_and_final(variant):
         assert 1 - 1e-9 <= layer["effective_streams"] <= 4 + 1e-9
         assert layer["perm_distance"] is not None and layer["read_effective"] > 1
     assert all(f"{key}_mean" in stats for key in COLLAPSE_SUMMARY)
+    assert stats["collapse_version"] == MEASURE_VERSION == 2  # what the report reads (hc_stats.json, the log)
     # at init every stream is a copy of the embedding (one direction) and H_res is (close to) the identity
     assert stats["final"]["stream_cosine"] == pytest.approx(1, abs=1e-6)
     assert stats["final"]["effective_streams"] == pytest.approx(1, abs=1e-6)

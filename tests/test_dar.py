@@ -24,7 +24,7 @@ GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_zero_gate_equals_prenorm_at_init(source):
-    assert_equals_prenorm_at_init("dar", dar_source=source)
+    assert_equals_prenorm_at_init("dar", dar_source=source, dar_gate="zero")
 
 
 @pytest.mark.parametrize("gate", ("none", "sigmoid_scalar", "sigmoid_vector"))
@@ -186,5 +186,5 @@ def test_bad_configurations_are_one_clear_error(overrides, message):
 
 
 def test_flags_error_and_resume():
-    assert_train_flag_error(("--hc", "mhar", "--dar-gate", "none"), ("error:", "only applies to hc='dar'"))
+    assert_train_flag_error(("--hc", "mhar", "--dar-gate", "zero"), ("error:", "only applies to hc='dar'"))
     assert_resumes_bitwise("--hc", "dar", "--dar-source", "block")

@@ -14,7 +14,8 @@ import launch
 import pytest
 import torch
 
-from nanochat import connections, kernel_aot
+from nanochat import connections, kernel_aot, plan
+from nanochat.cli import run
 from nanochat.connections.spec import SpecError
 from nanochat.gpt import GPTConfig, build_model
 from scripts import bench, bench_traffic, hc_report
@@ -100,7 +101,13 @@ def test_traffic_counts_each_wiring_on_the_backends_it_runs_on(capsys):
     assert bench_traffic.cases(args) == [("residual", "torch"), ("kromhc", "torch"), ("kromhc", "liger"),
                                          ("kromhc", "fused"), ("kromhc", "fused-split"), (STATIC, "torch"),
                                          ("gated", "torch")]
-    assert f"skipped {STATIC} on liger, fused, fused-split" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"skipped {STATIC} on liger, fused, fused-split" in out
+    assert "one state, no streams" not in out  # no single-state wiring among them
+    single = bench.parse_args(["--traffic", "--variants", "kromhc", "rezero", "dar", "residual"])
+    assert [v for v, _ in bench_traffic.cases(single)] == ["residual", "kromhc", "kromhc", "kromhc", "kromhc"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "rezero" in line or "dar" in line]
+    assert len(lines) == 1 and lines[0].startswith("skipped rezero, dar: one state, no streams"), lines
     delayed = bench.parse_args(["--traffic", "--variants", "kromhc", STATIC, "--hc-pre", "delayed"])
     assert [v for v, _ in bench_traffic.cases(delayed)] == ["residual", "kromhc", "kromhc", "kromhc", "kromhc"]
 
@@ -150,3 +157,41 @@ def test_nanochat_wirings_names_a_bad_path_in_one_line(value, message):
                      text=True, env=dict(os.environ, NANOCHAT_WIRINGS=value), timeout=120)
     assert run.returncode != 0 and message in run.stderr
     assert run.stderr.count("NANOCHAT_WIRINGS") == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+
+
+def test_a_false_kernel_claim_is_one_error_line(monkeypatch, capsys):
+    """A wiring whose SPEC says kernel='hyper_connection' but whose layers are its own (static
+    HC's, claimed): the command that builds it stops in one `error:` line naming the fix, not
+    in a SpecError traceback."""
+    static = connections.VARIANTS[STATIC]
+    claimed = types.ModuleType("claimed")
+    claimed.SPEC = dict(static.SPEC, kernel="hyper_connection")
+    claimed.resolve, claimed.make_layers = static.resolve, static.make_layers
+    monkeypatch.setitem(connections.VARIANTS, "claimed", claimed)
+    with pytest.raises(SystemExit) as e:
+        run(lambda: bench.main(BENCH + ["--bench", "model", "--variants", "claimed"]))
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: variant 'claimed' declares kernel='hyper_connection' but "
+                                               "builds StaticHCLayer layers") and "declare kernel=None" in err[0]
+
+
+def test_a_member_of_the_family_that_does_not_say_so_is_told_it_could(monkeypatch, tmp_path, capsys):
+    """Static HC without `family`: priced as another variant and left out of the family's
+    tables, which hc_report --params and the plan say in one line; the wirings that are a
+    family of their own (frac, the gated residual: not the H-convention) get no such line."""
+    static = connections.VARIANTS[STATIC]
+    loose = types.ModuleType("loose_hc")
+    loose.SPEC = {key: value for key, value in static.SPEC.items() if key != "family"}
+    loose.resolve, loose.make_layers = static.resolve, static.make_layers
+    monkeypatch.setitem(connections.VARIANTS, "loose_hc", loose)
+    hint = "hc='loose_hc' has n streams and an H_res in the H-convention but declares no family: it could declare"
+    hc_report.main(["--params"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "declares no family" in line]
+    assert len(lines) == 1 and lines[0].startswith(hint) and 'family="hc"' in lines[0]
+    config = tmp_path / "loose.toml"
+    config.write_text('model_tag = "loose"\nhc = "loose_hc"\ndepth = 2\nnum_iterations = 10\n'
+                      'total_batch_size = 1024\nvocab_size = 512\n')
+    text = plan.plan_table(plan.plan_runs([str(config)]), [], 1, assumption=plan.assumption_for("H100"))
+    assert [line for line in text.splitlines() if "declares no family" in line] == [lines[0]]
+    assert plan.family_hint(STATIC) is None and plan.family_hint("frac") is None and plan.family_hint("gated") is None

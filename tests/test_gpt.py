@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nanochat.gpt import GPTConfig, attention_mask, build_model, model_config_from_depth
+from nanochat.gpt import GPT, GPTConfig, attention_mask, build_model, model_config_from_depth
 
 VOCAB = 300
 
@@ -261,3 +261,23 @@ def test_building_a_model_leaves_dynamo_unimported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=__file__.rsplit("/tests/", 1)[0]).stdout.split()
     assert out[0] == "False" and float(out[1]) == pytest.approx(math.cos(1.0))  # the tables computed for real
+
+
+# nanochat 92d63d4's own count of this model: GPT(GPTConfig(**UPSTREAM_D4)).estimate_flops() on the
+# meta device, in a process with a checkout of 92d63d4 first on sys.path (as tests/goldens/upstream.py
+# sets it up); an integer, so it travels between machines.
+UPSTREAM_D4 = dict(sequence_len=128, vocab_size=512, n_layer=4, n_head=2, n_kv_head=2, n_embd=128, window_pattern="SL")
+UPSTREAM_D4_FLOPS = 5_898_672
+
+
+def test_flops_per_token_are_nanochats_own_count():
+    """The residual wiring on the 2026-07 trunk counts what nanochat 92d63d4 counts, to the FLOP:
+    its one-element scalars (l_resid, l_x0, lambda_s, lambda_b) are not matmul weights (they
+    added 12 + 12 L: 5,898,732 here). Every wiring's multi-element parameters still count."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**UPSTREAM_D4, trunk="2026-07"))
+        rezero = GPT(GPTConfig(**UPSTREAM_D4, trunk="2026-07", hc="rezero"))
+        kromhc = GPT(GPTConfig(**UPSTREAM_D4, trunk="2026-07", hc="kromhc"))
+    assert model.estimate_flops() == UPSTREAM_D4_FLOPS
+    assert rezero.estimate_flops() == UPSTREAM_D4_FLOPS  # one alpha per sub-layer: scalars too
+    assert kromhc.estimate_flops() == UPSTREAM_D4_FLOPS + 6 * kromhc.param_counts()["connections"]

@@ -5,6 +5,7 @@ through run directories: scripts.isoflop's table and JSON, and the report's subs
 "Compute multiplier", through cm_section's hook)."""
 
 import json
+import shutil
 import math
 
 import pytest
@@ -117,3 +118,21 @@ def test_cli_and_report_section_from_run_directories(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match="no finished run trained to a FLOPs budget"):
         isoflop_cli.main(["--runs-root", str(root), "--select", "ladder_*"])
+
+
+def test_the_grids_of_two_trunks_are_read_one_trunk_at_a_time(tmp_path, capsys):
+    """speedrun.sh isoflop under TRUNK=2026-07 leaves its grid beside the 2026-01 one (tags
+    _t2607): refused mixed, as scripts.compare refuses them, and read apart with --trunk."""
+    root = grid_root(tmp_path)
+    for run_dir in sorted(root.glob("isoflop_*")):
+        moved = shutil.copytree(run_dir, root / f"{run_dir.name}_t2607")
+        with open(moved / "config.toml", "a") as f:
+            f.write('trunk = "2026-07"\n')
+    with pytest.raises(SystemExit) as e:
+        isoflop_cli.main(["--runs-root", str(root), "--select", "isoflop_*"])
+    assert str(e.value.code).startswith("error: runs of 2 trunks") and "--trunk 2026-01 or --trunk 2026-07" in \
+        str(e.value.code) and "\n" not in str(e.value.code)
+    out = tmp_path / "t2607.json"
+    isoflop_cli.main(["--runs-root", str(root), "--select", "isoflop_*", "--trunk", "2026-07", "--json", str(out)])
+    cms = json.loads(out.read_text())["variants"]["kromhc"]["frontier_cm"]
+    assert [c["budget"] for c in cms] == [1e15, 1e16, 1e17] and all(c["cm"] == pytest.approx(1.5, rel=1e-3) for c in cms)

@@ -17,12 +17,12 @@ def write_config(directory, tag, hc="mhc", depth=12, steps=100, batch=1000, **ex
     return str(path)
 
 
-def finish(runs_root, tag, hc, depth, tok_per_sec, world_size=1, hc_streams=4):
+def finish(runs_root, tag, hc, depth, tok_per_sec, world_size=1, hc_streams=4, device="cuda", device_name=None):
     run = runs_root / tag
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({
         "complete": True, "step": 100, "hc": hc, "depth": depth, "hc_streams": hc_streams,
-        "tok_per_sec": tok_per_sec, "world_size": world_size, "device": "cuda"}))
+        "tok_per_sec": tok_per_sec, "world_size": world_size, "device": device, "device_name": device_name}))
 
 
 def test_runs_per_seed_with_their_flags(tmp_path):
@@ -375,3 +375,39 @@ def test_frontier_baselines_come_from_the_registry(tmp_path, monkeypatch, capsys
     assert err.startswith("plan: no config for residual at D=7, hc at D=7 in configs/paper")
     with pytest.raises(SystemExit, match="error: config .* not found"):
         plan_cli.main(["--baselines-of", str(tmp_path / "missing.toml")])
+
+
+def test_only_measurements_on_the_named_gpu_price_a_run(tmp_path, capsys):
+    """A user's tiny CPU run of an outside wiring (a family of its own) priced its D12 H200 run
+    at 51 tokens/s, 19,972 GPU-hours instead of about 2, even with --gpu-name H200. A CPU run,
+    and a run on another GPU, price no GPU run; the named GPU's own does; the CPU demo (--unit
+    CPU) reads CPU runs."""
+    config = write_config(tmp_path, "laurel", hc="laurel", depth=12, steps=1000, batch=524288)
+    root = tmp_path / "runs"
+    finish(root, "try_laurel", "laurel", 2, 51.04453641602367, device="cpu", device_name="AMD EPYC 7B13")
+    finish(root, "h100", "laurel", 12, 9e5, device_name="NVIDIA H100 80GB HBM3")
+    assert [m.source for m in plan.measured_from_runs(root, "H200")] == []
+    assert [m.source for m in plan.measured_from_runs(root)] == ["run h100 on NVIDIA H100 80GB HBM3"]
+    assert [m.per_gpu for m in plan.measured_from_runs(root, device="cpu")] == [51.04453641602367]
+    argv = ["--configs", config, "--runs-root", str(root), "--gpu-check", str(tmp_path / "none.json")]
+    plan_cli.main([*argv, "--gpu-name", "H200"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("laurel "))
+    assert "try_laurel" not in out and "h100" not in out and " assumed " in row, out
+    assert float(row.split()[-1]) == 0.30, row  # 524M tokens at 40 % MFU of an H200's 989 TFLOP/s
+    finish(root, "h200", "laurel", 12, 4e5, device_name="NVIDIA H200")
+    plan_cli.main([*argv, "--gpu-name", "H200"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("laurel "))
+    assert "400.00K (run h200 on NVIDIA H200)" in row
+    plan_cli.main([*argv, "--unit", "CPU"])  # the demo's plan: its own CPU runs, formatted
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("laurel "))
+    assert "≈ 2.05 from laurel D2 (run try_laurel on AMD EPYC 7B13)" in row, row  # scaled by FLOPs to D12
+
+
+def test_small_rates_are_formatted_and_another_n_is_said_to_be_unscaled(tmp_path):
+    assert [plan.format_count(v) for v in (51.04453641602367, 0.5, 512, 2500.0)] == ["51", "0.5", "512", "2.50K"]
+    run = plan.plan_runs([write_config(tmp_path, "k8", hc="kromhc", hc_streams=8)])[0]
+    measured = plan.Throughput("mhc", 12, 4, 2000.0, "gpu_check.json")
+    assert plan.find_throughput(run, [measured])[1] == "≈"
+    assert plan.rate_cell(measured, "≈", run) == "≈ 2.00K from mhc n=4, taken as measured (gpu_check.json)"
+    assert "taken as measured, not scaled" in plan.LEGEND

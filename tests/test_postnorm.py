@@ -65,7 +65,7 @@ def test_kv_cache_decode_equals_the_full_forward(norm_weight):
     (dict(hc_streams=4), "hc=.postnorm. has one stream; got hc_streams=4"),
     (dict(hc_recompute=True), "hc_recompute=True does not apply to hc='postnorm'"),
     (dict(hc_expand="lss"), "does not apply to hc='postnorm'"),
-    (dict(dar_gate="none"), "only applies to hc='dar'"),
+    (dict(dar_gate="zero"), "only applies to hc='dar'"),
 ])
 def test_bad_configurations_are_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -15,8 +15,8 @@ from test_report import PNG_MAGIC, cfg, row, section, table, write_run
 def collapse_stats(eff, offdiag, layers=4):
     per_layer = [{"index": j, "effective_streams": eff - 0.1 * j, "offdiag_mass": offdiag + 0.01 * j}
                  for j in range(layers)]
-    return {"variant": "kromhc", "n": 4, "composite_col_mae": 1e-7, "composite_row_mae": 1e-7, "fwd_gain": 1.0,
-            "bwd_gain": 1.0, "layers": per_layer, "effective_streams_mean": eff - 0.15, "dominant_share_mean": 0.4,
+    return {"variant": "kromhc", "n": 4, "collapse_version": 2, "composite_col_mae": 1e-7, "composite_row_mae": 1e-7,
+            "fwd_gain": 1.0, "bwd_gain": 1.0, "layers": per_layer, "effective_streams_mean": eff - 0.15, "dominant_share_mean": 0.4,
             "stream_cosine_mean": 0.9, "read_effective_mean": 2.5, "write_effective_mean": 2.0,
             "offdiag_mass_mean": offdiag + 0.015, "perm_distance_mean": 0.01,
             "final": {"energy_share": [0.7, 0.1, 0.1, 0.1], "dominant_share": 0.7, "dominant_stream": 0,
@@ -28,7 +28,7 @@ def add_hc_rows(run, values):
     with open(run / "metrics.jsonl", "a") as f:
         for i, eff in enumerate(values):
             f.write(json.dumps({"step": 10 * i, "kind": "hc", "effective_streams_mean": eff,
-                                "offdiag_mass_mean": 0.01 * i, "layers": []}) + "\n")
+                                "offdiag_mass_mean": 0.01 * i, "layers": [], "collapse_version": 2}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,31 @@ def test_stream_collapse_table_and_figures(built):
     assert row(rows, Run="d12_mhc_delayed")["eff. streams"] == "—"  # no diagnostics in that run
     for name in ("collapse_depth_d12.png", "collapse_steps_d12.png"):
         assert f"({name})" in text and (out / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_collapse_measures_of_an_earlier_version_are_named_not_mixed_in(tmp_path):
+    """An hc_stats.json written before effective streams counted directions held the energies'
+    participation ratio under the same key: the report leaves its measures out of the collapse
+    and "Beyond the paper" columns and names the run in one line, its loss and the Figure-2
+    numbers still read."""
+    old = {key: value for key, value in collapse_stats(3.9, 0.01).items() if key != "collapse_version"}
+    krom = write_run(tmp_path, "d12_kromhc", cfg(12, "kromhc"), hc_params=958_824, final_loss=2.966, bpb=0.862,
+                     hc_stats=collapse_stats(3.5, 0.02))
+    lss = write_run(tmp_path, "d12_kromhc_lss", cfg(12, "kromhc", hc_expand="lss"), hc_params=961_896,
+                    final_loss=2.950, bpb=0.858, hc_stats=old)
+    add_hc_rows(krom, [4.0, 3.8])
+    with open(lss / "metrics.jsonl", "a") as f:  # its training log: the old measure too
+        f.write(json.dumps({"step": 0, "kind": "hc", "effective_streams_mean": 3.9, "layers": []}) + "\n")
+    out = tmp_path / "out"
+    report_cli.main(["--runs", str(krom), str(lss), "--out", str(out)])
+    readme = (out / "README.md").read_text()
+    collapse = section(readme, "## Stream collapse (not in the paper)")
+    assert row(table(collapse), Run="d12_kromhc_lss")["eff. streams"] == "—"
+    assert row(table(collapse), Run="d12_kromhc")["eff. streams"] == "3.35"
+    lines = [line for line in readme.splitlines() if "Not shown: the stream-collapse measures of" in line]
+    assert len(lines) == 2 and all("d12_kromhc_lss" in line and "d12_kromhc," not in line for line in lines)
+    assert "python -m scripts.hc_report --checkpoint RUN" in lines[0]
+    assert row(table(section(readme, "## Beyond the paper")), Run="d12_kromhc_lss")["eff. streams"] == "—"
 
 
 def test_variants_beyond_the_family_against_their_baselines(tmp_path):

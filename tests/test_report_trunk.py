@@ -46,7 +46,7 @@ def test_runs_of_two_trunks_get_their_own_tables(tmp_path):
     kromhc_row = next(line for line in table.splitlines() if "d6_kromhc_t2607" in line)
     assert f"| {(KROMHC_HC - 12 - 1000) / 1e3:.1f} |" in kromhc_row  # against d6_residual_t2607
     assert "| 0.970 |" in kromhc_row and "d6_residual |" not in table
-    assert (tmp_path / "report" / "loss_t202607_d6.png").is_file()
+    assert (tmp_path / "report" / "loss_t2607_d6.png").is_file()  # the trunk as run tags write it
 
     # one compute-multiplier section per trunk, each over its own runs
     assert "## Compute multiplier (not in the paper)" in text

@@ -1,6 +1,7 @@
 """speedrun.sh on the 2026-07 trunk, as dry runs: the gpt2 mode plans nanochat's record run for
-residual and KromHC (trunk 2026-07, fp8) with its GPU-hours; TRUNK=2026-07 moves the ladder's and
-the frontier's runs to that trunk under their own tags; TRUNK elsewhere is refused in one line."""
+residual and KromHC (trunk 2026-07, fp8) with its GPU-hours; TRUNK=2026-07 moves the ladder's, the
+grid's and the frontier's runs to that trunk under their own tags; TRUNK elsewhere is refused in one
+line."""
 
 import os
 import subprocess
@@ -52,6 +53,18 @@ def test_trunk_moves_the_ladders_runs(tmp_path):
                 flag(row, "--model-tag")) == ("2026-07", "auto", "20.0", row[1])
 
 
+def test_trunk_moves_the_grids_runs(tmp_path):
+    """The iso-FLOP grid on 2026-07: its own tags (so that scripts.isoflop --trunk tells the
+    trunks' grids apart), each run still spending its budget."""
+    proc, rows = speedrun(tmp_path, "isoflop", TRUNK="2026-07", VARIANTS="residual", LADDER_DEPTHS="6 8",
+                          FLOPS_BUDGETS="1e18")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [r[1] for r in rows] == ["isoflop_1e18_d6_residual_t2607", "isoflop_1e18_d8_residual_t2607"]
+    for row in rows:
+        assert (flag(row, "--trunk"), flag(row, "--target-flops"), flag(row, "--model-tag")) == \
+            ("2026-07", "1e+18", row[1])
+
+
 def test_trunk_moves_the_frontiers_runs_and_those_they_are_read_against(tmp_path):
     proc, rows = speedrun(tmp_path, "frontier", TRUNK="2026-07")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -65,6 +78,6 @@ def test_trunk_moves_the_frontiers_runs_and_those_they_are_read_against(tmp_path
 def test_trunk_elsewhere_is_refused_in_one_line(tmp_path):
     proc, _ = speedrun(tmp_path, "paper-d12", TRUNK="2026-07")
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        "speedrun: error: TRUNK=2026-07 applies to the ladder and frontier modes only; unset it for paper-d12"]
+        "speedrun: error: TRUNK=2026-07 applies to the ladder, isoflop and frontier modes only; unset it for paper-d12"]
     proc, _ = speedrun(tmp_path, "ladder", TRUNK="2026-7")
     assert proc.returncode == 2 and "unknown TRUNK '2026-7'; use 2026-01" in proc.stderr

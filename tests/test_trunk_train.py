@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from nanochat import trunks
-from nanochat.train_config import model_config_for, parse_args, resolve_total_batch
+from nanochat.train_config import horizon_tokens, model_config_for, parse_args, resolve_total_batch
 from scripts.base_train import lr_multiplier, muon_momentum, muon_weight_decay
 from test_train_e2e import base, kill_resume_and_compare, train  # noqa: F401  (base: the fixture)
 
@@ -49,9 +49,32 @@ def test_an_explicit_batch_wins_over_the_trunks_auto():
 
 def test_weight_decay_follows_the_batch_and_the_horizon():
     """lambda = lambda_ref sqrt(B / 2^19) (D_12 / D): at depth 12 and 2^19, unchanged."""
-    assert trunks.scaled_weight_decay("2026-07", 0.28, 12, 2 ** 19, 1.0) == pytest.approx(0.28)
-    assert trunks.scaled_weight_decay("2026-07", 0.28, 24, 2 ** 20, 4.0) == pytest.approx(0.28 * math.sqrt(2) / 4)
-    assert trunks.scaled_weight_decay("2026-01", 0.2, 24, 2 ** 20, 4.0) == pytest.approx(0.05)
+    assert trunks.scaled_weight_decay("2026-07", 0.28, 12, 2 ** 19, (1000, 1000.0)) == 0.28
+    assert trunks.scaled_weight_decay("2026-07", 0.28, 24, 2 ** 20, (4000, 1000.0)) == pytest.approx(
+        0.28 * math.sqrt(2) / 4)
+    assert trunks.scaled_weight_decay("2026-01", 0.2, 24, 2 ** 20) == pytest.approx(0.05)
+
+
+# nanochat 92d63d4's base_train.py at its defaults (depth 20, data:param 12, aspect 64, head dim 128,
+# T 2048, vocab 32,768), its lines run with its own GPT on the meta device from a checkout:
+# target_tokens = int(12 * N_20), D_REF = 12 * N_12 (a float), the auto batch, and
+# weight_decay_scaled = 0.28 * math.sqrt(total_batch_size / B_REF) * (D_REF / target_tokens).
+UPSTREAM_D20 = dict(target_tokens=5_221_922_880, D_REF=1_321_210_944.0, batch=2 ** 20, weight_decay=0.1001877764255601)
+
+
+def test_weight_decay_at_depth_20_is_nanochats_to_the_last_bit():
+    """fp64, bitwise (Python floats: every step correctly rounded, the same on every machine):
+    our horizons, batch and decay are 92d63d4's; dividing by the horizon ratio instead, as this
+    code did, lands one ulp away."""
+    args = parse_args(["--trunk", "2026-07", "--depth", "20"])
+    config = model_config_for(args, 32768)
+    target, reference = horizon_tokens(args, config, 32768)
+    batch = resolve_total_batch(args, config, 32768)[0]
+    assert (target, reference, batch) == (UPSTREAM_D20["target_tokens"], UPSTREAM_D20["D_REF"], UPSTREAM_D20["batch"])
+    ours = trunks.scaled_weight_decay("2026-07", args.weight_decay, 20, batch, (target, reference))
+    assert ours == 0.28 * math.sqrt(batch / 2 ** 19) * (reference / target) == UPSTREAM_D20["weight_decay"]
+    other_order = 0.28 * math.sqrt(batch / 2 ** 19) / (target / reference)
+    assert abs(other_order - ours) == math.ulp(ours)
 
 
 def test_the_2026_07_schedules():

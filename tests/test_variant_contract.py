@@ -9,17 +9,22 @@ same battery or fails it with a clear message, never a traceback.
 Tiny models throughout; one run directory per variant, shared by the checks."""
 
 import dataclasses
+import itertools
 import json
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from nanochat import connections, plan
+from nanochat.connections import liveness
 from nanochat.connections.spec import SpecError
 from nanochat.connections.trunk import ConnectionLayer
-from nanochat.gpt import GPTConfig, build_model
+from nanochat.gpt import GPT, GPTConfig, build_model
 from scripts import bench, hc_report
 from scripts import report as report_cli
 from test_gpt import randomize
@@ -94,6 +99,37 @@ def test_spec_describes_the_model_it_builds(name):
     assert has_h_res == spec.has_h_res
 
 
+def option_settings(name):
+    """Every combination of the stream options a wiring declares (SPEC options), but the pair
+    the frame refuses (a learned head under delayed pre-weights)."""
+    choices = {**connections.HC_OPTIONS, "hc_recompute": (False, True)}
+    declared = [option for option in choices if connections.takes_option(name, option)]
+    for values in itertools.product(*(choices[option] for option in declared)):
+        fields = dict(zip(declared, values))
+        if not (fields.get("hc_reduce") == "learned" and fields.get("hc_pre") == "delayed"):
+            yield fields
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_its_parameter_count_is_the_models_under_every_option_it_takes(name):
+    """SPEC params counts what the stream options add (diagnostics.option_params) for every
+    wiring that takes them, the package's and one registered from outside alike."""
+    spec = connections.spec(name)
+    for fields in option_settings(name):
+        config = GPTConfig(**SIZES, hc=name, **fields)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in GPT(config).connections.parameters())
+        assert spec.params(config) == built, fields
+
+
+def test_the_counts_the_options_once_left_out():
+    """C-mHC and the outside static HC counted their layers alone: 13,372 and 576 where the
+    models with LSS have 13,628 and 3,648 (n = 4; width 64, 2 blocks and width 768, 12 blocks)."""
+    assert connections.spec("cmhc").params(GPTConfig(**SIZES, hc="cmhc", hc_expand="lss")) == 13_628
+    config = GPTConfig(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, hc="static_hc", hc_expand="lss")
+    assert connections.spec("static_hc").params(config) == 3_648
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_its_shared_fields_are_the_frames_fields_that_shape_it(name):
     """SPEC shared_fields (what the model card lists beside its own FIELDS) names frame fields,
@@ -134,12 +170,16 @@ def check_checkpoint_report(run_dir, model, capsys):
     stats = json.loads((run_dir / "hc_stats.json").read_text())
     assert stats["variant"] == model.config.hc and len(stats["layers"]) == 2 * model.config.n_layer
     assert connections.label(model.config.hc) in out and "wrote" in out
-    declared = connections.spec(model.config.hc).dead_parameters(model.config)
+    spec = connections.spec(model.config.hc)
+    declared, parts = spec.dead_parameters(model.config), spec.judged_parts(model.config)
     for name in declared:  # named with its reason, and measured dead on this batch too
         assert f"dead by construction: {name} " in out, name
-    assert "declared dead but learns" not in out
-    assert len(stats["liveness"]) == len(dict(model.connections.named_parameters())) + len(declared) - sum(
-        1 for name in declared if "[" not in name)  # a wholly dead parameter has no live row
+    assert "declared dead but learns" not in out and "gets rounding alone" not in out
+    # a row per declared part, one per parameter that parts and dead ones leave something of
+    params = dict(model.connections.named_parameters())
+    covered = liveness.masks(params, [*declared, *parts])
+    rest = [name for name, p in params.items() if name not in covered or not covered[name].all()]
+    assert len(stats["liveness"]) == len([p for p in parts if p not in declared]) + len(rest) + len(declared)
     return out
 
 
@@ -156,6 +196,20 @@ def test_every_connection_parameter_learns_but_what_its_wiring_declares_dead(nam
     """A gradient well above rounding (connections/liveness.py) on every connection parameter,
     but on the parts its SPEC declares dead, which must be rounding alone."""
     assert_every_connection_parameter_gets_a_gradient(tiny(name))
+
+
+@pytest.mark.slow
+def test_the_contract_runs_on_a_users_wiring_file():
+    """docs/connections.md's command: NANOCHAT_WIRINGS names the user's file, and the suite's
+    own wiring is added beside it (tests/conftest.py), not in its place."""
+    wiring = Path(__file__).resolve().parent / "wirings" / "layerscale.py"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests/test_variant_contract.py", "-k", "layerscale or static_hc"],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, NANOCHAT_WIRINGS=str(wiring)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert len([i for i in ids if "[layerscale]" in i]) >= 7 and [i for i in ids if "[static_hc]" in i], ids
 
 
 def test_a_wiring_registered_from_outside_is_refused_by_the_export(base, make_run, tmp_path):

@@ -65,23 +65,29 @@ def assert_equals_prenorm_at_init(hc, atol=1e-5, adjust=None, **fields):
 
 
 def connection_gradients(model):
-    """Gradients of a loss through a model moved off its init, by connection parameter name."""
-    randomize(model, seed=7)
+    """Gradients of a loss through a model moved off its init, by connection parameter name,
+    in fp64 (the model is made fp64): rounding then sits ten orders below the live gradients,
+    so that each declared slice can be judged on its own."""
+    randomize(model, seed=7).double()
     idx = tokens()
     model(idx[:, :-1], idx[:, 1:]).backward()
-    return {name: p.grad for name, p in model.connections.named_parameters()}
+    return {name: p.grad if p.grad is not None else torch.zeros_like(p)
+            for name, p in model.connections.named_parameters()}
 
 
 def assert_every_connection_parameter_gets_a_gradient(model):
-    """Every connection parameter's gradient is live (well above rounding: liveness.py) but
-    for the parts its wiring declares dead (SPEC dead), which must be dead: a gradient that is
-    rounding noise fails here as an absent one does, and so does a stale declaration."""
+    """Every part of the connection parameters (a parameter, or a slice its SPEC `parts`
+    declares: the pre, post and res columns of an HC layer) gets a live gradient (well above
+    rounding: liveness.py, in fp64) but the parts its wiring declares dead (SPEC dead), which
+    must be dead: a gradient that is rounding noise fails here as an absent one does, and so
+    does a stale declaration."""
     grads = connection_gradients(model)
     assert grads, "no connection parameters"
-    declared = connections.spec(model.config.hc).dead_parameters(model.config)
-    wrong = liveness.surprises(liveness.report(grads, declared))
+    spec = connections.spec(model.config.hc)
+    rows = liveness.report(grads, spec.dead_parameters(model.config), spec.judged_parts(model.config), torch.float64)
+    wrong = liveness.surprises(rows)
     assert not wrong, "\n".join(f"{r['name']} ({r['part']}): gradient norm {r['norm']:.2e} against "
-                                f"{liveness.threshold(r['scale']):.2e} to be live" for r in wrong)
+                                f"{liveness.threshold(r['scale'], dtype=torch.float64):.2e} to be live" for r in wrong)
 
 
 def moved(module, seed=0, scale=1.0):

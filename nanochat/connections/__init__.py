@@ -22,7 +22,8 @@ fields in place), `make_layers(cfg)` (the 2 * n_layer layers) and optionally
 n copies of x0 folded by the trunk's reduce), `init_sublayers(cfg, sublayers)` (start values
 of its own for the sub-layers, set after the model's init), and `FIELDS` / `FIELD_HELP` /
 `FIELD_TYPES` (its own config fields, which become GPTConfig fields and base_train flags, and
-which every other variant refuses to see changed). Everything else (bench, plan, hc_report,
+which every other variant refuses to see changed), and `pretraining_warning(cfg)` (a line for a
+fresh run from a start meant for something else). Everything else (bench, plan, hc_report,
 the report, the model card, the tests' lists) reads the registry through `specs()`: which
 backend or option a wiring takes comes from its declaration, never from its state.
 
@@ -161,11 +162,30 @@ def label(name):
     return spec(name).label if name in VARIANTS else name
 
 
+def pretraining_warning(cfg):
+    """The warning line a fresh training run of this config prints, or None (its module's
+    optional `pretraining_warning(cfg)`: a setting meant for something else than pre-training)."""
+    hook = getattr(VARIANTS[cfg.hc], "pretraining_warning", None)
+    return hook(cfg) if hook is not None else None
+
+
 def own_settings(cfg):
     """{field: value} of the settings that shape the config's wiring: the frame's fields it
     declares (SPEC shared_fields), then its module's own FIELDS."""
     names = [*spec(cfg.hc).shared_fields, *getattr(VARIANTS[cfg.hc], "FIELDS", {})]
     return {name: getattr(cfg, name) for name in names}
+
+
+def other_fields(name):
+    """The own config fields (FIELDS) of every registered wiring but `name` (a module registered
+    under two names counts as one): what a run of `name` leaves out of its records, since its
+    wiring never reads them (and they sit at their defaults: resolve_fields)."""
+    return {field for field, (*_, owner) in variant_fields().items() if VARIANTS[owner] is not VARIANTS.get(name)}
+
+
+def wiring_file(name):
+    """The file that defines wiring `name` (what a process must register to load its runs)."""
+    return getattr(VARIANTS[name], "__file__", None)
 
 
 def variant_fields():

@@ -31,7 +31,8 @@ mHC and KromHC in H_res and its init only): the source scales all 3n columns by 
 here a_pre, a_post and a_res are the family's three (2 parameters more per sub-layer); the
 source's RMSNorm has no weight, `hc_norm_weight` adds one like every HC variant's. With
 `hc_norm_weight` false the count is the source's nC * 3n + 3n + 1 per sub-layer plus 2:
-36,879 at n = 4, C = 768 (the source's 36,877). The source reduces by the mean of the
+36,879 at n = 4, C = 768 (the source's 36,877); the stream options add theirs
+(diagnostics.option_params). The source reduces by the mean of the
 streams, the trunk by the sum (the model's final RMSNorm makes them equal but for its
 epsilon). Coefficients in fp32.
 """
@@ -41,7 +42,8 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.hc import LAYER_SPEC, HyperConnection, exact_rows_dead, layer_options, resolve_streams
+from nanochat.connections.diagnostics import option_params
+from nanochat.connections.hc import LAYER_SPEC, HyperConnection, doubly_stochastic_dead, layer_options, resolve_streams
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
@@ -64,11 +66,12 @@ SPEC = dict(
     source="S. Zwick, Circulant Hyper-Connections (2026 manuscript and code, GitHub user contactsebi)",
     in_paper=False,
     equals_prenorm_at_init=False,
-    params=lambda cfg: 2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight),
+    params=lambda cfg: (2 * cfg.n_layer * layer_params(cfg.hc_streams, cfg.n_embd, cfg.hc_norm_weight)
+                        + option_params(cfg)),
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
     order=150,
-    dead=exact_rows_dead,  # H_res rows sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
 )
 
 

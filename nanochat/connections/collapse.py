@@ -34,6 +34,12 @@ import functools
 import torch
 
 MAX_PERMUTATION_STREAMS = 8  # dynamic programming over 2^n subsets of columns
+# The version of these measures a stats dict holds (its "collapse_version"; hc_stats.json and the
+# training log's "hc" records). 2: effective_streams the participation ratio of the Gram
+# matrix's eigenvalues (distinct directions). 1, stats without the key (written before
+# 2026-11-28): the same key held the participation ratio of the energies, 1 / sum p_s^2, which
+# counts n copies as n streams. The report reads one version and names the runs of the other.
+MEASURE_VERSION = 2
 
 
 def state_measures(gram):

@@ -26,10 +26,15 @@ Sources (`dar_source`):
                    (the attention output just computed): what this module did before the
                    sources were checked against the factory.
 Gates g_l (`dar_gate`):
+    none            g = 1, the default: the factory's pre-training default (`gate="none"`,
+                    l.116-120: "none" to pre-train, "zero" only to convert a pretrained
+                    checkpoint) and the release's default `bias`, which in its delta modes
+                    adds r ungated (its recency bias belongs to the block AttnRes mode).
     zero            a learned scalar from 0 (the factory's `zero`, the release's
-                    `learnable_alpha`): exactly pre-norm at init; the default.
-    none            g = 1 (the factory's `none`; the release's default `bias`, which in its
-                    delta modes adds r ungated: its recency bias belongs to the block AttnRes mode).
+                    `learnable_alpha`): the model starts exactly as the pre-norm model it is
+                    made from, which is what converting a pretrained checkpoint needs. Not a
+                    start to pre-train from: with the full (or block_partial) sources it is a
+                    saddle (below), and base_train warns when a fresh run uses it.
     sigmoid_scalar  g = sigmoid(s), s a learned scalar from -2 (the release, l.399-402: g = 0.12
                     at init).
     sigmoid_vector  g = sigmoid(W h_l + b) per token and channel, W (C x C) = 0 and b = -2 at
@@ -37,21 +42,23 @@ Gates g_l (`dar_gate`):
                     gate reads the stream h_l itself.
 Not built: the release's learnable null source, its `delta_v` mode (a separate read for the
 values) and its other modes (pre-gated, first-layer, centred resets).
-Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The model's output is
-h itself (no final read). With the full sources (and block_partial) the sources sum to h, so
-that mean is h / N and the sub-layer's weightless RMSNorm sees (1 + g / N) h: every gate
-starts as pre-norm in this frame, to the norm's epsilon. With the block sources a block's
-MLP reads the block's start, not h: only the zero gate starts as pre-norm there. With the
-full sources and the zero gate (the defaults) that start is a stationary point: (1 + g / N) h
-only rescales h, so g gets rounding alone and the queries, whose gradients scale with g, none;
-base_train warns after step 1 (docs/variants.md, "Dead by construction"). The first
-sub-layer's query, gain and gate get no gradient (it reads no source), nor, with the block
-sources, the query and gain of the first block's MLP (a softmax over x0 alone); they are kept
-because the release has them and the paper counts them.
+Init: w = 0, g = 1 (key gain), so each read is the mean of its sources. The release draws its
+queries from N(0, 0.02) (Hugging Face's init); the factory zeroes them, as here. The model's
+output is h itself (no final read). With the full sources (and block_partial) the sources sum
+to h, so that mean is h / N and the sub-layer's weightless RMSNorm sees (1 + g / N) h: every
+gate starts as pre-norm in this frame, to the norm's epsilon. With the block sources a block's
+MLP reads the block's start, not h: only the zero gate starts as pre-norm there. With the full
+or block_partial sources the zero gate's start is a saddle: (1 + g / N) h only rescales h, so
+g gets rounding alone and the queries, whose gradients scale with g, none, whatever the body
+holds (nanochat/saddle.py; docs/variants.md, "Dead by construction"). The default gate, none,
+starts at g = 1, where the queries' gradient is that of a softmax over distinct sources. The
+first sub-layer's query, gain and gate get no gradient (it reads no source), nor, with the
+block sources, the query and gain of the first block's MLP (a softmax over x0 alone); they
+are kept because the release has them and the paper counts them.
 
 Parameters: 2C per sub-layer (query and key gain, `hc_norm_weight` false drops the gain),
-plus 1 (zero, sigmoid_scalar) or C^2 + C (sigmoid_vector) for the gate: 114,688 + gates at 28
-layers x 1024, the paper's 114K. State: the trunk's X is h; the sources (with their 1/rms)
+plus 1 (zero, sigmoid_scalar) or C^2 + C (sigmoid_vector) for the gate: 114,688 at 28 layers x
+1024 with the default gate, the paper's 114K. State: the trunk's X is h; the sources (with their 1/rms)
 and the current block's partial delta travel as the carry. Coefficients in fp32; r
 accumulates in fp32 (attnres.DepthRead) and rounds to the compute dtype, h + g r is summed in
 fp32 and rounds once more.
@@ -72,18 +79,32 @@ from nanochat.flags import choice
 SOURCES = ("full", "block", "block_partial")
 GATES = ("zero", "none", "sigmoid_scalar", "sigmoid_vector")
 GATE_LOGIT_INIT = -2.0  # the release's sigmoid gates: sigmoid(-2) = 0.12 at init
-FIELDS = {"dar_source": "full", "dar_gate": "zero"}
+FIELDS = {"dar_source": "full", "dar_gate": "none"}
 FIELD_HELP = {
     "dar_source": "dar: full (x0 and every sub-layer output) | block (x0 and one delta per completed transformer "
                   "block) | block_partial (ours: block, and at a block's MLP its own attention output)",
-    "dar_gate": "dar: zero (learned scalar from 0: pre-norm at init) | none (1) | sigmoid_scalar (sigmoid of a "
-                "learned scalar from -2) | sigmoid_vector (sigmoid(W h + b), W = 0 and b = -2 at init)",
+    "dar_gate": "dar: none (1, the sources' pre-training default) | zero (learned scalar from 0: pre-norm at init, "
+                "for converting a pretrained checkpoint; a saddle to pre-train from with the full sources) | "
+                "sigmoid_scalar (sigmoid of a learned scalar from -2) | sigmoid_vector (sigmoid(W h + b), W = 0 and "
+                "b = -2 at init)",
 }
 FIELD_TYPES = {"dar_source": choice(*SOURCES), "dar_gate": choice(*GATES)}
 
 
 def gate_params(gate, C):
     return {"zero": 1, "none": 0, "sigmoid_scalar": 1, "sigmoid_vector": C * C + C}[gate]
+
+
+def pretraining_warning(cfg):
+    """base_train's line for a fresh run from the zero gate: a start made for converting a
+    pretrained checkpoint, and with the full or block_partial sources a saddle."""
+    if cfg.dar_gate != "zero":
+        return None
+    why = ("with these sources it is a saddle, left only through rounding noise in a direction the hardware picks"
+           if cfg.dar_source != "block" else "its queries start learning only as the gates leave 0")
+    return (f"warning: --dar-gate zero is the start for converting a pretrained checkpoint (hyper-connection-factory's "
+            f"use), not for pre-training: {why}; pre-train with --dar-gate none, the sources' default "
+            "(docs/variants.md, 'Dead by construction')")
 
 
 def dead_parameters(cfg):
@@ -108,7 +129,7 @@ SPEC = dict(
     state="single",
     has_h_res=False,
     in_paper=False,
-    equals_prenorm_at_init=True,  # with the default zero gate
+    equals_prenorm_at_init=True,  # the full sources, every gate (to the norm's epsilon)
     params=lambda cfg: 2 * cfg.n_layer * (attnres_read_params(cfg.n_embd, cfg.hc_norm_weight)
                                           + gate_params(cfg.dar_gate, cfg.n_embd)),
     baseline="prenorm",

@@ -16,7 +16,7 @@ import math
 import torch
 
 from nanochat.connections.birkhoff import DEFAULT_GO_S, check_factors, default_factors, skew_generator_count
-from nanochat.connections.collapse import layer_measures, state_measures
+from nanochat.connections.collapse import MEASURE_VERSION, layer_measures, state_measures
 
 # The variants the HC layer formula counts (one projection W of 2n + R columns per layer);
 # frac, attnres and residual have their own formulas below. Each module's SPEC params reads
@@ -100,6 +100,14 @@ def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_
     layers = 2 * depth + (variant == "attnres")
     return (layers * hc_layer_params(variant, n, C, factors, norm_weight, alpha_shared, s)
             + trunk_params(n, C, expand, reduce, pre))
+
+
+def option_params(cfg):
+    """What the frame's stream options of a resolved model config add to its wiring's own
+    parameters (trunk_params: LSS's scales, the learned head; 0 at the paper's options). Every
+    wiring that takes hc_expand or hc_reduce adds it in its SPEC params, the family's through
+    model_hc_params, the others' by calling it (docs/connections.md, "Parameter accounting")."""
+    return trunk_params(cfg.hc_streams, cfg.n_embd, cfg.hc_expand, cfg.hc_reduce, cfg.hc_pre)
 
 
 def config_params(cfg):
@@ -286,7 +294,8 @@ def mean_over(layers, key):
 def collect_hc_stats(model, idx):
     """Run `model` (the uncompiled GPT) on token ids idx (B, T) and return the
     JSON-serializable diagnostics of its connections: composite_col_mae, composite_row_mae,
-    fwd_gain, bwd_gain, per-layer dicts, variant, n, and more. Coefficients are those the
+    fwd_gain, bwd_gain, per-layer dicts, variant, n, the version of the collapse measures
+    (collapse.MEASURE_VERSION), and more. Coefficients are those the
     forward actually used (fp32 whatever the compute dtype); memory is L * B*T * n^2 floats."""
     conn = model.connections
     with conn.capture() as captured:
@@ -296,4 +305,5 @@ def collect_hc_stats(model, idx):
     if missing:
         raise RuntimeError(f"connection layers {missing} did not run in the forward; is `model` compiled? "
                            f"pass the uncompiled module")
-    return stats_from_records(records, model.config.hc, conn.n, captured["final"])
+    return {**stats_from_records(records, model.config.hc, conn.n, captured["final"]),
+            "collapse_version": MEASURE_VERSION}

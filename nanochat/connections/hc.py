@@ -68,30 +68,62 @@ FAMILY_FIELDS = ("hc_streams", "hc_norm_weight", "hc_recompute", "hc_kernels", "
                  "hc_pre")
 
 
-def dead_parameters(cfg, rows_sum_to_one=False):
-    """The parameters the math leaves without a gradient (SPEC dead). Under copy expansion
-    every stream of layer 0's input is x0, so its read H_pre X = (sum_s h_pre_s) x0 is a
-    multiple of x0 that the sub-layer's RMSNorm undoes: the pre columns of W, b_pre and a_pre
-    of layer 0 reach the loss through the norm's epsilon alone (fp32 gradients ~1e-10 where
-    the layer's others are ~1e-3). Where every H_res row sums to one exactly
-    (`rows_sum_to_one`: the permutation mixtures, the orthostochastic map), H_res maps n
-    copies to the same n copies whatever its entries, and layer 0's res columns, b_res and
-    a_res are dead too (mHC's Sinkhorn rows are 1 only to its tolerance: a small, real
-    gradient). With delayed pre-weights layer 0 reads stream 0 and its pre columns serve
-    layer 1; under LSS the streams differ from the start: nothing is dead then."""
-    if cfg.hc_expand != "copy" or cfg.hc_pre != "current":
-        return {}
-    n = cfg.hc_streams
-    pre = "layer 0 reads n copies of x0: H_pre only scales x0, which the sub-layer's RMSNorm undoes"
-    dead = {f"layers.0.weight[:, 0:{n}]": pre, f"layers.0.bias[0:{n}]": pre, "layers.0.alpha[0:1]": pre}
-    if rows_sum_to_one:
-        res = "layer 0 mixes n copies of x0 by rows that sum to one: H_res leaves the copies as they are"
-        layer = connection_layer(cfg)
-        k, groups = layer.weight.shape[1], len(layer.res_groups)
-        if k > 2 * n:
-            dead.update({f"layers.0.weight[:, {2 * n}:{k}]": res, f"layers.0.bias[{2 * n}:{k}]": res,
-                         f"layers.0.alpha[2:{2 + groups}]": res})
+def dead_parameters(cfg, rows_sum_to_one=False, columns_sum_to_one=False):
+    """The parameters the math leaves without a gradient (SPEC dead), by slice (layer_parts).
+
+    Layer 0 under copy expansion: every stream of its input is x0, so its read H_pre X =
+    (sum_s h_pre_s) x0 is a multiple of x0 that the sub-layer's RMSNorm undoes: the pre columns
+    of W, b_pre and a_pre reach the loss through the norm's epsilon alone (fp32 gradients
+    ~1e-10 where the layer's others are ~1e-3). With delayed pre-weights layer 0 reads stream
+    0 and its pre columns serve layer 1: live. Where every H_res row sums to one exactly
+    (`rows_sum_to_one`: the permutation mixtures, the orthostochastic map), H_res maps n copies
+    to the same n copies whatever its entries, and layer 0's res columns, b_res and a_res are
+    dead too, under either pre-weights (mHC's Sinkhorn rows are 1 only to its tolerance: a
+    small, real gradient). Under LSS the streams differ from the start: layer 0 is live.
+
+    The last layer under the summed readout: where every H_res column sums to one exactly
+    (`columns_sum_to_one`: the exactly doubly stochastic maps, and mHC, whose Sinkhorn ends on
+    the columns), the sum of the streams H_res X is the sum of X whatever H_res, so its res
+    columns, b_res and a_res cannot change the output (fp64 gradients 1e-16 to 1e-19 of the
+    wiring's). The learned head and delayed pre-weights fold the streams with weights of their
+    own: live there; so is HC's free H_res."""
+    n, last = cfg.hc_streams, 2 * cfg.n_layer - 1
+    layer = connection_layer(cfg)
+    k, groups = layer.weight.shape[1], len(layer.res_groups)
+    dead = {}
+    if cfg.hc_expand == "copy" and cfg.hc_pre == "current":
+        pre = "layer 0 reads n copies of x0: H_pre only scales x0, which the sub-layer's RMSNorm undoes"
+        dead.update({f"layers.0.weight[:, 0:{n}]": pre, f"layers.0.bias[0:{n}]": pre, "layers.0.alpha[0:1]": pre})
+    if k > 2 * n and cfg.hc_expand == "copy" and rows_sum_to_one:
+        dead.update(dict.fromkeys(res_slices(0, n, k, groups), "layer 0 mixes n copies of x0 by rows that sum to "
+                                                              "one: H_res leaves the copies as they are"))
+    if k > 2 * n and columns_sum_to_one and cfg.hc_reduce == "sum" and cfg.hc_pre == "current":
+        dead.update(dict.fromkeys(res_slices(last, n, k, groups), "the last layer's H_res has columns that sum to "
+                                                                 "one: the summed readout of H_res X is the sum of "
+                                                                 "X, whatever H_res"))
     return dead
+
+
+def res_slices(j, n, k, groups):
+    """The res columns of layer j's W, its b_res and a_res, as slices (layer_parts)."""
+    return [f"layers.{j}.weight[:, {2 * n}:{k}]", f"layers.{j}.bias[{2 * n}:{k}]", f"layers.{j}.alpha[2:{2 + groups}]"]
+
+
+def layer_parts(cfg):
+    """SPEC parts: every layer's pre, post and res columns of W, the same slices of its bias,
+    and a_pre, a_post and the a_res, each judged on its own by the gradient checks (a dead
+    slice of a live W shows): 9 parts a layer (6 without res columns)."""
+    n = cfg.hc_streams
+    layer = connection_layer(cfg)
+    k, groups = layer.weight.shape[1], len(layer.res_groups)
+    parts = []
+    for j in range(2 * cfg.n_layer):
+        for start, stop, a in ((0, n, "0:1"), (n, 2 * n, "1:2")):
+            parts += [f"layers.{j}.weight[:, {start}:{stop}]", f"layers.{j}.bias[{start}:{stop}]",
+                      f"layers.{j}.alpha[{a}]"]
+        if k > 2 * n:
+            parts += res_slices(j, n, k, groups)
+    return parts
 
 
 def connection_layer(cfg):
@@ -101,17 +133,22 @@ def connection_layer(cfg):
         return VARIANTS[cfg.hc].make_layers(cfg)[0]
 
 
-def exact_rows_dead(cfg):
-    """dead_parameters for a variant whose H_res rows sum to one exactly."""
-    return dead_parameters(cfg, rows_sum_to_one=True)
+def doubly_stochastic_dead(cfg):
+    """dead_parameters for a variant whose H_res rows and columns sum to one exactly."""
+    return dead_parameters(cfg, rows_sum_to_one=True, columns_sum_to_one=True)
+
+
+def column_stochastic_dead(cfg):
+    """dead_parameters for a variant whose H_res columns alone sum to one exactly (mHC)."""
+    return dead_parameters(cfg, columns_sum_to_one=True)
 
 
 # What every wiring whose layers are HyperConnections declares (spec.py): a member of the HC
-# family on n streams with an H_res, on every backend and stream option, dead where the math
-# says (dead_parameters).
+# family on n streams with an H_res, on every backend and stream option, its W, bias and
+# alphas judged by column group (layer_parts), dead where the math says (dead_parameters).
 LAYER_SPEC = dict(state="streams", has_h_res=True, family="hc", kernel="hyper_connection",
                   backends=("torch", "liger", "fused"), options=("hc_expand", "hc_reduce", "hc_pre", "hc_recompute"),
-                  dead=dead_parameters, shared_fields=FAMILY_FIELDS,
+                  dead=dead_parameters, parts=layer_parts, shared_fields=FAMILY_FIELDS,
                   backout="the readout of the streams after block floor(L/2): their sum, the learned head's "
                           "fold of them (hc_reduce learned), or their fold by the pre-weights that block computed "
                           "(hc_pre delayed)")

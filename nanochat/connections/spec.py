@@ -64,6 +64,11 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
                             end in "[a:b]", a slice of the first axis, or "[:, a:b]", of the
                             second); the gradient checks, the dead-connection warning and
                             hc_report name them rather than count them as learning
+    parts=None              cfg -> [parameter name[slice], ...]: slices of its parameters
+                            that are judged on their own (same forms as `dead`), so that a
+                            dead slice of a live parameter shows (the HC layers: the pre,
+                            post and res columns of each W, bias and alpha); the rest of
+                            each parameter is judged whole
     backout=BACKOUT         what the 2026-07 trunk's backout subtracts for it (one phrase, for
                             docs/variants.md, hc_report and the model card): always the wiring's
                             own readout (`reduce`) of its state and carry after block floor(L/2),
@@ -72,10 +77,12 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
 Beside SPEC, a module may define `FIELDS = {name: default}` (its own config fields; they
 become GPTConfig fields and base_train flags / TOML keys), `FIELD_HELP = {name: help}` (one
 per field, required with FIELDS) and `FIELD_TYPES = {name: parser}` (an argparse type;
-default: from the default's type), and `init_sublayers(cfg, sublayers)`: the start values its
+default: from the default's type), `init_sublayers(cfg, sublayers)`: the start values its
 sub-layers need, set after the model's own init (the attention and MLP modules in branch
 order; e.g. non-zero output projections where the wiring's own start would block every
-gradient).
+gradient), and `pretraining_warning(cfg) -> str | None`: the one `warning:` line base_train
+prints when a fresh run starts from a setting meant for something else (DAR's zero gate, a
+start for converting a pretrained checkpoint).
 """
 
 import math
@@ -118,6 +125,7 @@ class Spec:
     backends: tuple = ("torch",)
     options: tuple = ()
     dead: Callable | None = None
+    parts: Callable | None = None
     backout: str = BACKOUT
 
     @property
@@ -131,6 +139,10 @@ class Spec:
     def dead_parameters(self, cfg):
         """{parameter name: reason} the math leaves without a gradient under `cfg` (SPEC dead)."""
         return dict(self.dead(cfg)) if self.dead is not None else {}
+
+    def judged_parts(self, cfg):
+        """[parameter name[slice], ...] judged on their own under `cfg` (SPEC parts)."""
+        return list(self.parts(cfg)) if self.parts is not None else []
 
     @property
     def beyond_paper(self):
@@ -179,6 +191,8 @@ def spec_of(name, module):
             raise SpecError(f"{where} defines no {hook}(cfg) (see docs/connections.md, 'Adding a wiring')")
     if hasattr(module, "init_sublayers") and not callable(module.init_sublayers):
         raise SpecError(f"{where}: init_sublayers must be a function (cfg, sublayers) -> None")
+    if hasattr(module, "pretraining_warning") and not callable(module.pretraining_warning):
+        raise SpecError(f"{where}: pretraining_warning must be a function cfg -> a warning line or None")
     own = getattr(module, "FIELDS", {})
     helps = getattr(module, "FIELD_HELP", {})
     undocumented = [f for f in own if f not in helps]
@@ -219,3 +233,5 @@ def check_declaration(where, raw):
                         "subtracts (its readout after block floor(L/2))")
     if raw.get("dead") is not None and not callable(raw["dead"]):
         raise SpecError(f"{where}: SPEC dead must be a function cfg -> {{parameter name: reason}}")
+    if raw.get("parts") is not None and not callable(raw["parts"]):
+        raise SpecError(f"{where}: SPEC parts must be a function cfg -> [parameter name[slice], ...]")

@@ -36,8 +36,7 @@ def _trunk_line(config):
 def without_other_wirings(config_toml, hc):
     """The run's config.toml less the keys of other wirings' own fields (every flag is written,
     theirs at their defaults, which the run's wiring never reads)."""
-    other = {name for name, (*_, owner) in connections.variant_fields().items()
-             if connections.VARIANTS.get(owner) is not connections.VARIANTS.get(hc)}
+    other = connections.other_fields(hc)
     return "".join(line for line in config_toml.splitlines(keepends=True)
                    if line.split("=", 1)[0].strip() not in other)
 

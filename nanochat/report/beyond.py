@@ -5,8 +5,8 @@ variant's natural baseline (for a new variant). The paper has no numbers for any
 
 from nanochat import connections
 from nanochat.report.format import MISSING, NOT_APPLICABLE, fmt, fmt_seeds, md_table, signed
-from nanochat.report.runs import (beyond_paper, core_score, has_h_res, method_label, method_order, params, stability,
-                                  train_loss, val_bpb)
+from nanochat.report.runs import (beyond_paper, collapse_stats, core_score, has_h_res, method_label, method_order,
+                                  params, stale_collapse_line, train_loss, val_bpb)
 from nanochat.report.tables import residual_reference, row_members, row_name, row_runs, row_status, same_factors
 
 OPTION_SOURCES = [
@@ -70,7 +70,7 @@ def beyond_table(runs, groups=None):
             loss, bpb = train_loss(r), val_bpb(r)
             d_loss = None if loss is None or train_loss(other) is None else loss - train_loss(other)
             d_bpb = None if bpb is None or val_bpb(other) is None else bpb - val_bpb(other)
-        stats = stability(r)[0] or {}
+        stats = collapse_stats(r)[0] or {}
         collapse = ((NOT_APPLICABLE, NOT_APPLICABLE) if not has_h_res(r.variant) else
                     (fmt(stats.get("effective_streams_mean"), ".2f"), fmt(stats.get("offdiag_mass_mean"), ".3f")))
         rows.append((method_label(r), row_name(members), fmt(r.depth, "d"), fmt(r.n, "d"), row_status(members),
@@ -83,5 +83,7 @@ def beyond_table(runs, groups=None):
              "Δ against the run named in 'against' (the same variant in the paper's configuration, or a new "
              "variant's baseline), first seeds. eff. streams and off-diag: means over layers, as in 'Stream "
              "collapse' (`bash speedrun.sh frontier` trains the configs of `configs/frontier/`)."]
+    stale = stale_collapse_line([r for r in row_runs(runs, groups) if beyond_paper(r) and has_h_res(r.variant)])
+    notes += [stale] if stale else []
     text = md_table(header, rows) + "\n\n" if rows else "No run beyond the paper yet (`bash speedrun.sh frontier`).\n\n"
     return text + "\n".join(f"- {n}" for n in notes + OPTION_SOURCES + variant_sources())

@@ -21,7 +21,7 @@ from nanochat.report import paper
 from nanochat.report.figures import plot_curves, plot_gap, plot_grad_norms, plot_grad_tail, plot_params_vs_n, series
 from nanochat.report.beyond import beyond_table
 from nanochat.report.published import published_table
-from nanochat.report.cm_section import cm_section, trunk_label
+from nanochat.report.cm_section import cm_section
 from nanochat.report.collapse import collapse_section
 from nanochat.report.cost import cost_section
 from nanochat.report.harness import harness_section
@@ -91,7 +91,7 @@ def trunk_sections(trunk, runs, out):
         rows = [groups[r.name] for r in sorted(runs, key=method_order)
                 if r.found and r.depth == depth and r.name in groups and r.metrics]
         if rows:
-            path = plot_curves(rows, out / f"loss_{trunk_label(trunk)}_d{depth}.png", f"trunk {trunk}, D={depth}")
+            path = plot_curves(rows, out / f"loss_{trunks.tag(trunk)}_d{depth}.png", f"trunk {trunk}, D={depth}")
             parts.append(f"![loss curves trunk {trunk} D={depth}]({path.name})")
     parts += [f"## {name}: compute multiplier", cm_section(runs, out, trunk=trunk)]
     return parts

@@ -180,16 +180,11 @@ def isoflop_subsection(runs, out_dir, figure="isoflop.png"):
     return isoflop_markdown(runs, out_dir, figure) or None
 
 
-def trunk_label(trunk):
-    """A trunk in file names: 2026-07 -> t202607."""
-    return "t" + trunk.replace("-", "")
-
-
 def cm_section(runs, out_dir, baseline_label="residual", trunk=trunks.DEFAULT):
     """The report's "Compute multiplier" section over all its runs, grouped by connection label;
     says what is missing when there are not enough runs for a reading. One section per trunk
     (the runs all of `trunk`): another trunk's figures carry its label in their names."""
-    prefix = "cm" if trunk == trunks.DEFAULT else f"cm_{trunk_label(trunk)}"
+    prefix = "cm" if trunk == trunks.DEFAULT else f"cm_{trunks.tag(trunk)}"
     messages = []
     # The iso-FLOP grid's runs (several per depth) have their own reading, the frontier below.
     spends = pool([r for r in runs if r.found and not is_grid_run(r)], messages)

@@ -6,9 +6,10 @@ early "seeding" stage that 2026 studies describe is visible or not."""
 
 from matplotlib.figure import Figure
 
-from nanochat.report.figures import add_legend, save_figure, series
+from nanochat.report.figures import add_legend, save_figure
 from nanochat.report.format import MISSING, fmt, md_table
-from nanochat.report.runs import method_label, method_order, single_state, stability
+from nanochat.connections.collapse import MEASURE_VERSION
+from nanochat.report.runs import collapse_stats, method_label, method_order, single_state, stale_collapse_line
 
 # (key in the diagnostics, axis label): the two measures the figures show.
 FIGURE_MEASURES = (("effective_streams", "effective streams (distinct directions)"),
@@ -25,7 +26,7 @@ def hc_runs(runs, depth=None):
 def collapse_table(runs):
     rows, sources = [], []
     for r in hc_runs(runs):
-        stats, source = stability(r)
+        stats, source = collapse_stats(r)
         if not stats or "effective_streams_mean" not in stats:
             rows.append((method_label(r), r.name, fmt(r.depth, "d"), fmt(r.n, "d"), *[MISSING] * 9))
             continue
@@ -58,19 +59,25 @@ def collapse_table(runs):
              "whether these runs show it."]
     if sources:
         notes.append("From the last training-time diagnostic (no hc_stats.json): " + ", ".join(sources) + ".")
+    stale = stale_collapse_line(hc_runs(runs))
+    if stale:
+        notes.append(stale)
     return md_table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
 def depth_curve(run, key):
     """(layer indices, values) of one measure at the end of training (the final diagnostics)."""
-    layers = (stability(run)[0] or {}).get("layers", [])
+    layers = (collapse_stats(run)[0] or {}).get("layers", [])
     points = [(layer["index"], layer[key]) for layer in layers if layer.get(key) is not None]
     return tuple(map(list, zip(*points))) if points else ([], [])
 
 
 def step_curve(run, key):
-    """(steps, values) of one measure's mean over layers along training."""
-    return series(run, "hc", f"{key}_mean")
+    """(steps, values) of one measure's mean over layers along training, from the training log's
+    records of this version of the measures (collapse.MEASURE_VERSION) alone."""
+    rows = [row for row in run.metrics.get("hc", []) if row.get("collapse_version", 1) == MEASURE_VERSION
+            and row.get(f"{key}_mean") is not None]
+    return [row["step"] for row in rows], [row[f"{key}_mean"] for row in rows]
 
 
 def plot_collapse(runs, curve, xlabel, ylabel_suffix, path, title):

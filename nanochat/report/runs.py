@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanochat import connections, trunks
+from nanochat.connections.collapse import MEASURE_VERSION
 from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt
 from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
@@ -323,6 +324,31 @@ def stability(run):
         return run.hc_stats, "hc_stats.json"
     rows = run.metrics.get("hc", [])
     return (rows[-1], "metrics.jsonl") if rows else (None, None)
+
+
+def current_collapse(stats):
+    """Whether a diagnostics dict holds this version's stream-collapse measures
+    (connections/collapse.py MEASURE_VERSION; a dict without the key holds version 1's)."""
+    return stats.get("collapse_version", 1) == MEASURE_VERSION
+
+
+def collapse_stats(run):
+    """(stability's dict, source) when it holds this version's collapse measures, else
+    (None, source): an older hc_stats.json or training log measured effective streams otherwise
+    under the same key, and a report does not put the two side by side (stale_collapse_line)."""
+    stats, source = stability(run)
+    return (stats, source) if stats is None or current_collapse(stats) else (None, source)
+
+
+def stale_collapse_line(runs):
+    """The one line naming the runs whose collapse measures are of an earlier version (left out
+    of the columns that show them), or None."""
+    stale = [r.name for r in runs if stability(r)[0] is not None and not current_collapse(stability(r)[0])]
+    if not stale:
+        return None
+    return (f"Not shown: the stream-collapse measures of {', '.join(stale)}, from before version {MEASURE_VERSION} "
+            "of connections/collapse.py (effective streams then counted the streams' energies, n copies as n "
+            "streams, under the same key): `python -m scripts.hc_report --checkpoint RUN` measures them again.")
 
 
 # ------------------------------------------------------------------------------------------

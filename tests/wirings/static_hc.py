@@ -14,13 +14,13 @@ This wiring lives in the test suite only (tests/wirings/, registered for the tes
 NANOCHAT_WIRINGS in tests/conftest.py): it is the second worked example of docs/connections.md,
 a member of the HC family whose layers are not hc.HyperConnection, so the projection checks,
 Liger's ops and the fused seams do not apply to it, and it says so in its SPEC. Parameters:
-2n + n^2 per sub-layer; coefficients fp32, mixes in ops.py (fp32 accumulation, one rounding).
+2n + n^2 per sub-layer, and what the stream options add; coefficients fp32, mixes in ops.py (fp32 accumulation, one rounding).
 """
 
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import record_layer
+from nanochat.connections.diagnostics import option_params, record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.backends.ops import coefficient_dtype, mix_post, mix_pre
 from nanochat.connections.trunk import ConnectionLayer
@@ -43,7 +43,8 @@ SPEC = dict(
     has_h_res=True,
     in_paper=False,
     equals_prenorm_at_init=True,
-    params=lambda cfg: 2 * cfg.n_layer * (2 * cfg.hc_streams + cfg.hc_streams ** 2),
+    # its layers' 2n + n^2 each, and what the stream options it takes add (LSS, the learned head)
+    params=lambda cfg: 2 * cfg.n_layer * (2 * cfg.hc_streams + cfg.hc_streams ** 2) + option_params(cfg),
     baseline="hc",
     order=15,  # beside HC's dynamic form
     shared_fields=("hc_streams", "hc_expand", "hc_reduce"),
