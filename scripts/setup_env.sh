@@ -55,14 +55,29 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
+# uv (nanochat's own installer) resolves and installs in parallel: measured here from a fresh
+# venv, the dependencies after torch in 44 s against pip's 3 min 38 s. It comes from the index
+# like any package, into the venv; where it cannot be had (or NANOCHAT_INSTALLER=pip), pip does
+# the same installs. --compile-bytecode: pip writes .pyc files as it installs, uv only when
+# asked; without them every fresh process compiles torch's modules again (import torch 4.1 s
+# against 1.9 s).
+installer="${NANOCHAT_INSTALLER:-uv}"
+if [ "$installer" = uv ] && ! "$VENV/bin/python" -m uv --version >/dev/null 2>&1; then
+    "${pip[@]}" install -c constraints.txt uv >/dev/null 2>&1 || installer=pip
+fi
+uv=(env VIRTUAL_ENV="$VENV" "$VENV/bin/python" -m uv pip install -q --compile-bytecode --python "$VENV/bin/python")
+
 # The torch in place will do: this version, and a CUDA build when one is asked for (a CPU
 # machine's fallback below is a CUDA build too, which serves the CPU as well).
 wanted="torch.__version__.split('+')[0] == '$TORCH_VERSION' and ('$TORCH_BUILD' == 'cpu' or torch.backends.cuda.is_built())"
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(not ($wanted))" 2>/dev/null; then
     if [ "$TORCH_BUILD" = cuda ]; then
         echo "setup_env: installing CUDA torch==$TORCH_VERSION"
-        # --isolated: PyPI's build, past any local configuration that prefers a CPU wheel on disk
-        "${pip[@]}" install --isolated "torch==$TORCH_VERSION"
+        # PyPI's build, past any local configuration that prefers a CPU wheel on disk (uv reads
+        # none; pip with --isolated); uv fetches its CUDA libraries (several GB) in parallel.
+        if [ "$installer" != uv ] || ! "${uv[@]}" "torch==$TORCH_VERSION"; then
+            "${pip[@]}" install --isolated "torch==$TORCH_VERSION"
+        fi
     else
         echo "setup_env: no GPU, installing CPU torch==$TORCH_VERSION"
         # A CPU wheel already on this machine (pip's find-links) first, its dependencies
@@ -85,23 +100,13 @@ if [ "$TORCH_VERSION" != "$PINNED_TORCH" ]; then
     constraints="$VENV/constraints-torch$TORCH_VERSION.txt"
     grep -v '^triton==' constraints.txt > "$constraints"
 fi
-# uv (nanochat's own installer) resolves and installs the rest in parallel: measured here from a
-# fresh venv, 44 s against pip's 3 min 38 s. It comes from the index like any package, into the
-# venv; where it cannot be had (or NANOCHAT_INSTALLER=pip), pip does the same install.
-# --compile-bytecode: pip writes .pyc files as it installs, uv only when asked; without them
-# every fresh process compiles torch's modules again (import torch 4.1 s against 1.9 s).
-installer="${NANOCHAT_INSTALLER:-uv}"
-if [ "$installer" = uv ] && ! "$VENV/bin/python" -m uv --version >/dev/null 2>&1; then
-    "${pip[@]}" install -c "$constraints" uv >/dev/null 2>&1 || installer=pip
-fi
 if [ "$installer" = uv ]; then
     # uv reads no pip configuration: the wheels this machine keeps on disk (pip's find-links) too.
     links=()
     for dir in ${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true); do
         [ -d "$dir" ] && links+=(--find-links "$dir")
     done
-    VIRTUAL_ENV="$VENV" "$VENV/bin/python" -m uv pip install -q --compile-bytecode --python "$VENV/bin/python" \
-        "${links[@]}" -c "$constraints" -e ".[$NANOCHAT_EXTRAS]" || installer=pip
+    "${uv[@]}" "${links[@]}" -c "$constraints" -e ".[$NANOCHAT_EXTRAS]" || installer=pip
 fi
 if [ "$installer" = pip ]; then
     "${pip[@]}" install -c "$constraints" -e ".[$NANOCHAT_EXTRAS]"
