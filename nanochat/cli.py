@@ -27,7 +27,7 @@ def resolve_run_dir(parser, args):
         return args.run_dir
     if args.model_tag is None:
         parser.error("name the run with --model-tag TAG (base_dir()/runs/TAG) or --run-dir DIR")
-    from nanochat.checkpoint import run_dir_for
+    from nanochat.checkpoint_manager import run_dir_for
 
     run_dir = run_dir_for(args.model_tag)
     if not os.path.isdir(run_dir):

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from nanochat import watchdog
+from nanochat.cluster import watchdog
 
 logger = logging.getLogger("nanochat")
 

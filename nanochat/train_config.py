@@ -8,10 +8,11 @@ import dataclasses
 import os
 import tomllib
 
-from nanochat import connections, preempt, trunks
+from nanochat import connections, trunks
+from nanochat.cluster import preempt
 from nanochat.cli import (boolean, choice, existing_dir, finite_float, fraction, nonneg_float, nonneg_int,
                           positive_even_int, positive_float, positive_int)
-from nanochat.preempt import parse_signals
+from nanochat.cluster.preempt import parse_signals
 
 
 AUTO = "auto"
@@ -127,7 +128,7 @@ FLAGS = [
      "kernel for the mix and the projection's partial sums, one for the coefficients, one for the read, each with a "
      "tiling of its own: docs/kernels.md) | auto (the one a GPU of this name measured faster for the variant, "
      "docs/gpu_measured.md; onepass where nothing is measured); the same function either way"),
-    # options of every HC variant beyond the paper (nanochat/connections/trunk.py, hc.py)
+    # options of every HC variant beyond the paper (nanochat/connections/frame.py, hc.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "
      "(n, C) scale per stream, trained at --hc-lr without weight decay, where its source decays it by 0.1)"),
@@ -149,7 +150,7 @@ FLAGS = [
     # batch
     ("device_batch_size", device_batch, 32,
      "rows per rank per micro-step, or auto: on a GPU the largest power of two up to the config's value (the "
-     "TOML's number, else 32) whose estimated peak memory fits the GPU with a margin (nanochat/memory.py), "
+     "TOML's number, else 32) whose estimated peak memory fits the GPU with a margin (nanochat/planning/memory.py), "
      "gradient accumulation keeping the total batch; on a CPU auto falls back to that value"),
     ("total_batch_size", total_batch, None,
      "by trunk (2026-01: 524288, 2026-07: auto): tokens per optimizer step (gradient accumulation fills it); "

@@ -27,7 +27,8 @@ import time
 
 import torch
 
-from nanochat import checkpoint, watchdog
+from nanochat import checkpoint_manager as checkpoint
+from nanochat.cluster import watchdog
 from nanochat.cli import choice, existing_dir, positive_int, resolve_run_dir, run, run_dir_flags
 from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
 from nanochat.core_eval import EVAL_BUNDLE_URL, evaluate_core, read_reference_csv, resolve_eval_bundle, select_tasks

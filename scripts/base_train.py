@@ -17,7 +17,7 @@ that step's evaluations (an evaluation crash never loses training), resumption i
 On a cluster: a preemption signal (--save-on-signal) makes every rank finish its step, save
 and exit with status 75; a checkpoint resumes on another number of ranks (optimizer state
 and data position resharded; not bitwise); every rank checks its share before step 0; and
-a rank that fails stops the others within seconds (nanochat/watchdog.py).
+a rank that fails stops the others within seconds (nanochat/cluster/watchdog.py).
 """
 
 import os
@@ -33,8 +33,11 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from nanochat import checkpoint as ckpt  # noqa: E402
-from nanochat import preempt, preflight, saddle, trunks, watchdog  # noqa: E402
+from nanochat import checkpoint_manager as ckpt  # noqa: E402
+from nanochat import saddle, trunks  # noqa: E402
+from nanochat.cluster import preempt
+from nanochat.planning import preflight
+from nanochat.cluster import watchdog
 from nanochat import connections  # noqa: E402
 from nanochat.cli import run  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liveness  # noqa: E402
@@ -43,7 +46,7 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
 from nanochat.gpt import attention_backend, autocast_for, build_model, compiled  # noqa: E402
-from nanochat.plan import format_duration  # noqa: E402
+from nanochat.planning.plan import format_duration  # noqa: E402
 from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_tokens,  # noqa: E402
                                    resolve_total_batch,
                                    model_config_for, num_iterations_for, parse_args, settings)
@@ -108,7 +111,7 @@ def grad_accum_steps(total_batch_size, device_batch_size, seq_len, world_size):
 
 def choose_device_batch(args, config, device, world_size, use_compile):
     """--device-batch-size auto: (batch, the log line). On a GPU the largest power of two up to
-    the config's value whose estimated peak (nanochat/memory.py) fits the device's total
+    the config's value whose estimated peak (nanochat/planning/memory.py) fits the device's total
     memory with the margin, among the batches the total batch divides into; on another
     device the config's value. A model that fits at no batch is refused here, before the run
     spends anything."""
@@ -116,7 +119,7 @@ def choose_device_batch(args, config, device, world_size, use_compile):
     if device.type != "cuda":
         return cap, (f"device batch {cap}: --device-batch-size auto sizes batches to a GPU's memory; on "
                      f"{device.type} it is the config's value")
-    from nanochat.memory import GIB, fitting_batch
+    from nanochat.planning.memory import GIB, fitting_batch
     props = torch.cuda.get_device_properties(device)
     divides = lambda b: args.total_batch_size % (b * T * world_size) == 0  # noqa: E731
     batch, est, first = fitting_batch(config, cap, props.total_memory, world_size=world_size, compile=use_compile,
@@ -792,7 +795,7 @@ def main(argv=None):
             "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
             "peak_mem_mib": peak_memory_mib(device), "world_size": info.world_size, "device": str(device.type),
             "device_name": device_name(device), "total_training_time": loop["total_training_time"],
-            # What a compute multiplier reads (nanochat/compute_multiplier.py); FLOPs by
+            # What a compute multiplier reads (nanochat/studies/compute_multiplier.py); FLOPs by
             # GPT.estimate_flops' convention, seconds of training steps only and of the whole run.
             "flops_per_token": flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
             "train_seconds": loop["train_seconds"], "wall_seconds": elapsed_before + time.time() - t_start,

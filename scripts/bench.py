@@ -43,7 +43,7 @@ Memory, measured in one extra step after the timing:
   peak    CUDA only: torch.cuda.max_memory_allocated over one step minus what was
           allocated before it (activations, gradients, workspaces).
 
-Traffic (--traffic; scripts/bench_traffic.py, nanochat/traffic.py): instead of timing, the
+Traffic (--traffic; scripts/bench_traffic.py, nanochat/planning/traffic.py): instead of timing, the
 bytes the connection moves per token and sub-layer at D=12 for the residual baseline and every
 HC variant of --variants on every backend of --hc-kernels (default torch, liger and fused),
 forward and backward, counted from the compiled partition and the kernels' own loads and

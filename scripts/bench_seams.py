@@ -11,7 +11,7 @@ identity sub-layers and random projection weights. Per tiling: forward and forwa
 ms (CUDA events, median), and the largest relative difference of the output and of every
 gradient from the first tiling's (a tiling must compute the same function). Every kernel of
 every tiling is compiled before the timing, in parallel threads through Triton's own cache
-(nanochat/kernel_aot.py specializes each launch as the JIT will), so the sweep costs about one
+(nanochat/planning/kernel_aot.py specializes each launch as the JIT will), so the sweep costs about one
 compile. The trunk on the torch backend is timed beside it as the reference. Writes
 DIR/bench_seams.json after every tiling; --model then measures the whole model at D=12 with the
 fastest tiling (scripts.gpu_check's kernels section, fused only), into the same DIR.
@@ -177,7 +177,7 @@ def precompile(variants, tilings, device):
     so the timed calls find their binaries there. Returns the seconds it took."""
     import triton
 
-    from nanochat import kernel_aot
+    from nanochat.planning import kernel_aot
     from nanochat.connections.backends import fused
     cc = torch.cuda.get_device_capability(device)
     cc = cc[0] * 10 + cc[1]

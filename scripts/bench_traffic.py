@@ -1,6 +1,6 @@
 """scripts.bench --traffic: the bytes each stream-op backend moves per token and sub-layer at
 D=12, forward and backward, for every HC variant beside the residual baseline, the floor, and
-the step each predicts against the residual baseline's measured one (nanochat/traffic.py)."""
+the step each predicts against the residual baseline's measured one (nanochat/planning/traffic.py)."""
 
 import os
 import sys
@@ -68,7 +68,7 @@ def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
     """A row's step predicted with each Triton kernel's bytes moved at what its bytes in flight
     allow on `device` (record: traffic.kernels_record), and which kernels that slows or the
     record lacks."""
-    from nanochat import traffic
+    from nanochat.planning import traffic
     allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], pre), device)
     slower, unpriced = traffic.in_flight_extra(row["kernel_bytes"], allowed, bandwidth)
     return dict(predicted_in_flight=traffic.predicted_ratio(row["extra_c"] * unit + slower, step_ms, bandwidth),
@@ -78,7 +78,7 @@ def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
 
 def run_traffic(args):
     interpreter_on()
-    from nanochat import traffic
+    from nanochat.planning import traffic
     step_ms, device = traffic.residual_step()
     bandwidth = traffic.bandwidth(device)
     record = traffic.kernels_record()
@@ -133,7 +133,7 @@ def print_traffic(result):
     print("floor (docs/kernels.md): residual about 8 C, an ideal fused HC layer about 29 C; 'loads issued' counts "
           "a tile read twice by a kernel twice (the distinct bytes assume the second read hits the cache); "
           "'in flight': each Triton kernel's bytes at the bandwidth its bytes in flight allow on this GPU "
-          "(docs/kernels.json, nanochat/in_flight.py), no more than 80 % of it; 're-read': the loads by which a "
+          "(docs/kernels.json, nanochat/planning/in_flight.py), no more than 80 % of it; 're-read': the loads by which a "
           "program reads its own tile again, from L2 only while the resident programs' tiles fit it; 're-reads "
           "missing': in flight, and every re-read from memory")
     limited = sorted({k for r in result["rows"] for k in r.get("in_flight_limited_kernels", [])})

@@ -6,7 +6,7 @@ alone (`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`):
 
 It writes model.safetensors, config.json, generation_config.json, the modeling code (the
 project's own modules, flat), tokenizer.json and tokenizer_config.json, and README.md (the
-model card). Needs the `eval` extra (pip install -e '.[eval]'). See nanochat/hf/.
+model card). Needs the `eval` extra (pip install -e '.[eval]'). See nanochat/interop/hf/.
 """
 
 import argparse
@@ -30,7 +30,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     run_dir = resolve_run_dir(parser, args)
     require_extra("eval", "transformers", "safetensors")
-    from nanochat.hf.export import export
+    from nanochat.interop.hf.export import export
 
     try:
         result = export(run_dir, args.out, step=args.step, dtype=args.dtype, overwrite=args.overwrite)

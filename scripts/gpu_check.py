@@ -157,7 +157,7 @@ class Budget:
 
 
 def env_info(device):
-    from nanochat.memory import code_fingerprint
+    from nanochat.planning.memory import code_fingerprint
     # "code": the digest of the model and connection code measured (the memory cache's key), so
     # that a committed result can be told apart from the code it no longer describes.
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": device.type,
@@ -250,12 +250,12 @@ def _fitting_case(prof, depth, variant, window_pattern, batch, device, dtype, au
 
 
 def estimated_step_mib(config, batch, compile_model, device):
-    """nanochat/memory.py's estimate of step_peak_mib (the step's peak above the parameters),
+    """nanochat/planning/memory.py's estimate of step_peak_mib (the step's peak above the parameters),
     beside the measurement so that the estimate can be corrected from it; None off CUDA, where
     nothing is measured."""
     if device.type != "cuda":
         return None
-    from nanochat.memory import cached_step_peak
+    from nanochat.planning.memory import cached_step_peak
     return cached_step_peak(config, batch, compile=compile_model) / 2**20
 
 

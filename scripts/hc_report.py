@@ -19,10 +19,10 @@ measures (connections/collapse.py) per layer and for the final state; for Block 
 Residuals, which has neither streams nor H_res (those measures do not apply), the weights
 each read puts on its sources. It warns, in one line, when the connection parameters sit
 exactly at their start (a wiring that never learned).
---memory prints the estimated peak memory per rank on a GPU (nanochat/memory.py: bf16, CUDA's
+--memory prints the estimated peak memory per rank on a GPU (nanochat/planning/memory.py: bf16, CUDA's
 dtype rules, T = 2048, vocab 32,768) of every variant, compiled and eager, relative to the
 residual baseline; --memory-check the estimate beside the measured peak of real CPU steps for
-every variant and option, eager and compiled, at two sizes (nanochat/memory_check.py; minutes).
+every variant and option, eager and compiled, at two sizes (nanochat/planning/memory_check.py; minutes).
 """
 
 import argparse
@@ -270,7 +270,7 @@ def dead_table(depth=12, n=paper.PAPER_STREAMS):
 
 
 def print_params(args):
-    from nanochat.plan import family_hint
+    from nanochat.planning.plan import family_hint
     for hint in filter(None, map(family_hint, connections.VARIANTS)):
         print(hint, end="\n\n")
     print(model_size_table(), end="\n\n")
@@ -287,7 +287,7 @@ def print_params(args):
 
 
 def resolve_run_dir(path):
-    from nanochat.checkpoint import run_dir_for
+    from nanochat.checkpoint_manager import run_dir_for
     if os.path.isdir(path):
         return path
     tagged = run_dir_for(path)
@@ -421,7 +421,7 @@ def liveness_lines(rows, total, variant):
 
 
 def report_checkpoint(args):
-    from nanochat.checkpoint import atomic_write, load_model
+    from nanochat.checkpoint_manager import atomic_write, load_model
     from nanochat.common import autodetect_device_type, compute_dtype
     from nanochat.gpt import autocast_for
     run_dir = resolve_run_dir(args.checkpoint)
@@ -470,14 +470,14 @@ def report_checkpoint(args):
 
 def print_memory(args):
     from nanochat.connections import VARIANTS
-    from nanochat.memory import GIB
-    from nanochat.memory_check import gpu_rows
+    from nanochat.planning.memory import GIB
+    from nanochat.planning.memory_check import gpu_rows
     depth, batch = args.depth or 12, args.batch_size
     rows = [(variant, mode, f"{est.params / GIB:.2f}", f"{est.optimizer / GIB:.2f}", f"{est.step / GIB:.1f}",
              f"{est.peak / GIB:.1f}", f"{est.needed / GIB:.1f}", f"{ratio:.3f}x")
             for variant, mode, est, ratio in gpu_rows(list(VARIANTS), depth, batch, world_size=args.nproc)]
     print(f"estimated peak memory per rank, GiB: D={depth}, device batch {batch}, T=2048, {args.nproc} ranks, bf16 "
-          f"under CUDA's autocast rules of torch {torch.__version__.split('+')[0]} (nanochat/memory.py)")
+          f"under CUDA's autocast rules of torch {torch.__version__.split('+')[0]} (nanochat/planning/memory.py)")
     print(text_table(("variant", "mode", "params", "optimizer", "step", "peak", "with margin", "vs residual"), rows))
     print("step: activations saved for the backward, the head's logits, the transient at the start of the "
           "backward and the gradients; peak: what max_memory_allocated would show. Goal on a GPU: KromHC <= 1.15x "
@@ -485,7 +485,7 @@ def print_memory(args):
 
 
 def print_memory_check():
-    from nanochat.memory_check import COMPILED_TOLERANCE, EAGER_TOLERANCE, check_rows, outside_tolerance
+    from nanochat.planning.memory_check import COMPILED_TOLERANCE, EAGER_TOLERANCE, check_rows, outside_tolerance
     rows = check_rows()
     print("estimate vs the measured peak of a real fp32 CPU step (live tensor bytes above the parameters, KiB); "
           "width 64, vocab 512:")

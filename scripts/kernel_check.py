@@ -1,8 +1,8 @@
 """Compile every Triton kernel of `--hc-kernels fused` and `--hc-kernels liger` ahead of time for
-sm_80 and sm_90 at D=12 shapes, without a GPU, and check their resources (nanochat/kernel_aot.py):
+sm_80 and sm_90 at D=12 shapes, without a GPU, and check their resources (nanochat/planning/kernel_aot.py):
 no register spills, shared memory within each target's limit, and for every kernel that moves
 the streams at least two waves of an H100's SMs and the bytes in flight per SM that an H100
-(sm_90) or an A100 (sm_80) needs at its bandwidth (nanochat/in_flight.py). Per target the
+(sm_90) or an A100 (sm_80) needs at its bandwidth (nanochat/planning/in_flight.py). Per target the
 table shows programs per SM and KiB in flight per SM, and for sm_90 the ratio to an H200's
 need.
 
@@ -39,7 +39,8 @@ def build_parser():
 
 
 def rows(compiled, targets):
-    from nanochat import in_flight, kernel_aot
+    from nanochat.planning import in_flight
+    from nanochat.planning import kernel_aot
     out = []
     for k in compiled:
         cells = [f"{k.backend} {k.name}", k.what, ", ".join(k.workloads) if len(k.workloads) <= 3
@@ -72,7 +73,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("error: TRITON_INTERPRET=1 replaces the kernels with Python; unset it to compile them")
-    from nanochat import kernel_aot
+    from nanochat.planning import kernel_aot
     from nanochat.connections.backends import liger
     if "liger" in args.backends and not liger.AVAILABLE:
         raise SystemExit("error: Liger-Kernel is not installed: pip install -e '.[kernels]', or --backends fused")
@@ -84,7 +85,7 @@ def main(argv=None):
     import triton
     print(f"\n{len(compiled)} kernels at D=12 (n={n['n']}, C={n['C']}, {n['B']} x {n['T']} tokens), compiled by Triton "
           f"{triton.__version__} for {', '.join(f'sm_{cc}' for cc in args.targets)} in {time.perf_counter() - t0:.0f} s")
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     needs = ", ".join(f"{g.name} {in_flight.need_per_sm(g) / 1024:.1f} KiB"
                       for g in (in_flight.A100, in_flight.H100, in_flight.H200))
     print(f"bytes in flight per SM needed at peak (bandwidth x {in_flight.LATENCY_S * 1e9:.0f} ns / SMs): {needs}")

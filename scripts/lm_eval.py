@@ -20,7 +20,7 @@ import os
 
 from nanochat.cli import (choice, existing_dir, nonneg_int, positive_int, require_extra, resolve_run_dir, run,
                           run_dir_flags)
-from nanochat import lm_eval_run
+from nanochat.interop import lm_eval_run
 
 
 def build_parser():
@@ -79,11 +79,11 @@ def main(argv=None):
         print(f"lm-eval task data ready: {', '.join(tasks)}")
         return
 
-    from nanochat import checkpoint
+    from nanochat import checkpoint_manager as checkpoint
     from nanochat.common import compute_cleanup, compute_dtype, compute_init, print0
     from nanochat.gpt import autocast_for
     from nanochat.engine import Inference, compile_default
-    from nanochat.lm_eval_adapter import NanochatLM
+    from nanochat.interop.lm_eval_adapter import NanochatLM
     from nanochat.tokenizer import check_vocab, get_tokenizer, run_tokenizer_dir
 
     info, device = compute_init(args.device_type)

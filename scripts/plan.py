@@ -20,10 +20,10 @@ where --gpu-name names the GPU that made docs/gpu_check.json (as nvidia-smi name
 as the README does: "H200"), that measurement; else a measured relative's (the same wiring at
 another depth, or a member of its family, on the same --hc-kernels backend), marked "≈ ... from";
 else another variant's at the same depth, or for a GPU named by --gpu-name whose peak is known an
-assumed MFU (--mfu), marked "assumed"; see nanochat/plan.py.
+assumed MFU (--mfu), marked "assumed"; see nanochat/planning/plan.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
 A config takes its trunk's defaults for what it leaves out (nanochat/trunks.py); --trunk 2026-07
-trains every run on that trunk, under its tag with the suffix _t2607 (nanochat.plan.on_trunk).
+trains every run on that trunk, under its tag with the suffix _t2607 (nanochat.planning.plan.on_trunk).
 
     python -m scripts.plan --baselines-of configs/frontier/*.toml
 
@@ -36,7 +36,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from nanochat import plan, trunks
+from nanochat import trunks
+from nanochat.planning import plan
 from nanochat.cli import fraction, positive_float, positive_int, run
 
 
@@ -76,7 +77,7 @@ def parse_args(argv=None):
                         help=f"the MFU assumed with --gpu-name (default {plan.ASSUMED_MFU})")
     parser.add_argument("--memory", action="store_true",
                         help="also the estimated peak memory per rank and the device batch of each run on the GPU "
-                             "of --gpu-name (nanochat/memory.py; traces cached under <base dir>/memory); a run that "
+                             "of --gpu-name (nanochat/planning/memory.py; traces cached under <base dir>/memory); a run that "
                              "cannot fit even at device batch 1 is refused with an error")
     parser.add_argument("--auto-batch", action="store_true",
                         help="with --memory: the runs train with --device-batch-size auto (as speedrun's GPU modes "

@@ -15,7 +15,7 @@
 # returns PREEMPTED_EXIT, recording no failure; the same command run again skips the finished
 # runs and resumes the interrupted one.
 
-PREEMPTED_EXIT=75  # EX_TEMPFAIL, as nanochat/preempt.py's EXIT_PREEMPTED
+PREEMPTED_EXIT=75  # EX_TEMPFAIL, as nanochat/cluster/preempt.py's EXIT_PREEMPTED
 PREEMPTED=         # the signal that asked this shell to stop
 STEP_PID=          # the step in flight
 SIGNALLED=         # a signal came while waiting for it
@@ -96,7 +96,7 @@ run_step() {
         return "$PREEMPTED_EXIT"
     fi
     if [ "$rc" -ne 0 ]; then
-        python -m nanochat.failure "$run_dir" "$stage" "$log" "$rc"
+        python -m nanochat.cluster.failure "$run_dir" "$stage" "$log" "$rc"
         return 1
     fi
 }
@@ -171,7 +171,7 @@ run_all() {
 
 # variant_config NAME: the config a ladder or grid run of the variant NAME starts from: a TOML
 # path as given, else configs/paper/d12_NAME.toml (the paper's hyper-parameters), else the
-# ablations' or the frontier's d12_NAME.toml (nanochat/plan.py's CONFIG_DIRS, which finds the
+# ablations' or the frontier's d12_NAME.toml (nanochat/planning/plan.py's CONFIG_DIRS, which finds the
 # frontier's comparison runs, keeps the same order). One error line naming the choices when none exists.
 variant_config() {
     local name=$1 path

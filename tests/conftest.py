@@ -284,7 +284,7 @@ def make_run():
 
     from test_gpt import randomize
 
-    from nanochat import checkpoint
+    from nanochat import checkpoint_manager as checkpoint
     from nanochat.gpt import GPTConfig, build_model
 
     def make(run_dir, seed=0, **config):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanochat import gpt
-from nanochat.checkpoint import model_from_state
+from nanochat.checkpoint_manager import model_from_state
 from nanochat.gpt import GPTConfig, KVCache, attention_backend, build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

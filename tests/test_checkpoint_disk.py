@@ -10,7 +10,7 @@ import sys
 import launch
 import pytest
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def test_dir_size_and_human_bytes(tmp_path):
 
 FULL_DISK_AT_STEP_4 = """
 import errno, os, sys
-from nanochat import checkpoint
+from nanochat import checkpoint_manager as checkpoint
 from scripts import base_train
 from nanochat.cli import run
 real = checkpoint.atomic_write

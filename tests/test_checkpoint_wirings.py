@@ -14,7 +14,7 @@ from pathlib import Path
 import launch
 import pytest
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat import connections
 from nanochat.gpt import GPTConfig, build_model
 from test_train_e2e import REPO, TINY, base, env_for  # noqa: F401 (a fixture)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from cm_curves import ladder_run
 
-from nanochat import compute_multiplier as cm
+from nanochat.studies import compute_multiplier as cm
 from nanochat.cli import run
 from nanochat.report.build import write_report
 from nanochat.report.cm import check_comparable

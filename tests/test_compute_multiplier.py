@@ -1,4 +1,4 @@
-"""The compute-multiplier math (nanochat/compute_multiplier.py) against closed forms, against
+"""The compute-multiplier math (nanochat/studies/compute_multiplier.py) against closed forms, against
 curves from a loss model with LR annealing whose multiplier is known (tests/cm_curves.py),
 nanochat's per-tag reading against hand-computed segments, and the statistics it uses."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from cm_curves import ladder_run, true_cm
 
-from nanochat import compute_multiplier as cm
-from nanochat.stats import T_975, holm, t_pvalue
+from nanochat.studies import compute_multiplier as cm
+from nanochat.studies.stats import T_975, holm, t_pvalue
 
 
 def geomean(values):

@@ -8,7 +8,7 @@ import launch
 import pytest
 import torch
 
-from nanochat import checkpoint
+from nanochat import checkpoint_manager as checkpoint
 from nanochat.connections.diagnostics import model_hc_params
 from nanochat.gpt import GPT, GPTConfig, build_model, model_config_from_depth
 from scripts import hc_report

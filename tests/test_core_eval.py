@@ -517,7 +517,7 @@ def tiny_run(tmp_path_factory):
     """A base dir with a small corpus, a trained tokenizer and a saved tiny KromHC GPT (untrained)."""
     import dataclasses
 
-    from nanochat import checkpoint
+    from nanochat import checkpoint_manager as checkpoint
     from nanochat.data.local import write_corpus
     from nanochat.gpt import GPTConfig, build_model
     from nanochat.tokenizer import Tokenizer
@@ -592,7 +592,7 @@ def test_cli_evaluates_a_tiny_model_on_every_available_task(tiny_run):
     assert len(results["samples"]["greedy"]) == 7 and len(results["samples"]["temperature"]) == 4
 
     # the CLI's numbers are evaluate_core's on the same checkpoint
-    from nanochat import checkpoint
+    from nanochat import checkpoint_manager as checkpoint
     from nanochat.tokenizer import get_tokenizer
     model, _ = checkpoint.load_model(str(run_dir), device="cpu")
     tokenizer = get_tokenizer(str(base / "tokenizer"))

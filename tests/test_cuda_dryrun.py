@@ -18,8 +18,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import saved_tensors_hooks
 
-from nanochat import engine, fp8, memory, optim
-from nanochat import memory_check as check
+from nanochat import engine, fp8, optim
+from nanochat.planning import memory
+from nanochat.planning import memory_check as check
 from nanochat.gpt import EagerSteps
 from tests.cuda_dryrun import GPU, H100, cuda_autocast, fake_cuda, fake_cuda_model, needs_fake_cuda
 from tests.test_stream_dtype import CASES, case_id
@@ -244,7 +245,7 @@ def test_tma_scratch_comes_from_the_cuda_allocator(monkeypatch):
 
 
 def test_the_memory_estimates_emulated_rules_save_what_cuda_autocast_saves():
-    """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/memory.py):
+    """The memory estimate traces on the CPU with CUDA's fp32 rules emulated (nanochat/planning/memory.py):
     the forward's saved activations (token-major ones; attention's internals differ by kernel)
     have the shapes and dtypes that real CUDA autocast on fake CUDA tensors gives them."""
     config = memory.traced_config(check.small_config("kromhc", {}, 2, 64))

@@ -43,7 +43,7 @@ class Loaded(Exception):
 
 
 def test_evaluation_loads_its_model_onto_the_gpu(one_gpu, tmp_path, monkeypatch):  # noqa: F811
-    from nanochat import checkpoint
+    from nanochat import checkpoint_manager as checkpoint
     from scripts import base_eval
     monkeypatch.delenv("NANOCHAT_DTYPE", raising=False)
     where = []

@@ -1,5 +1,5 @@
 """The package's custom ops survive a second copy of their modules in the same process, as
-when transformers imports an exported model's code beside the project (nanochat/hf/assemble.py):
+when transformers imports an exported model's code beside the project (nanochat/interop/hf/assemble.py):
 torch.library.custom_op would overwrite the first definition, and the project's next call of
 the op reached a freed operator (std::bad_alloc or a segmentation fault, at random)."""
 

@@ -13,7 +13,8 @@ import launch
 import pytest
 import torch
 
-from nanochat import checkpoint, connections
+from nanochat import connections
+from nanochat import checkpoint_manager as checkpoint
 from nanochat.connections import liveness
 from nanochat.gpt import GPTConfig, build_model
 from scripts import hc_report
@@ -30,7 +31,7 @@ NAIVE_REZERO = """
 import sys, types, torch
 from nanochat import connections
 from nanochat.cli import run
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 from scripts import base_train
 
 

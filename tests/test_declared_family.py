@@ -14,7 +14,9 @@ import launch
 import pytest
 import torch
 
-from nanochat import connections, kernel_aot, plan
+from nanochat import connections
+from nanochat.planning import kernel_aot
+from nanochat.planning import plan
 from nanochat.cli import run
 from nanochat.connections.spec import SpecError
 from nanochat.gpt import GPTConfig, build_model

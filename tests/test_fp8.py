@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from nanochat import fp8, gpt, memory
+from nanochat import fp8, gpt
+from nanochat.planning import memory
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 M, K, N = 32, 128, 64  # tokens, in, out

@@ -21,9 +21,9 @@ import pytest
 import torch
 import torch._dynamo
 
-from nanochat.checkpoint import model_from_state
+from nanochat.checkpoint_manager import model_from_state
 from nanochat.connections.backends import fused, ops
-from nanochat.connections.trunk import LearnedHead
+from nanochat.connections.frame import LearnedHead
 from nanochat.gpt import GPTConfig, build_model, norm
 from test_connections import build_layer, make_branch, randomize
 from test_gpt import randomize as randomize_model

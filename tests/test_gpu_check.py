@@ -85,7 +85,7 @@ def test_tiny_run_reports_every_section(tmp_path, capsys):
 
     assert "not GPU numbers" in md and "## Whole model" in md and "## base_train" in md
     assert "Where each step's time goes" in md
-    from nanochat.memory import code_fingerprint
+    from nanochat.planning.memory import code_fingerprint
     assert result["env"]["code"] == code_fingerprint() and f"model code {code_fingerprint()}." in md
     assert "## Stream kernels: torch, liger, fused, fused-split" in md
     assert {r["variant"] for r in result["infer"]} == set(TINY_VARIANTS)

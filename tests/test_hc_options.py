@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch._dynamo
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat.connections.diagnostics import model_hc_params
-from nanochat.connections.trunk import LSS_INIT
+from nanochat.connections.frame import LSS_INIT
 from nanochat.gpt import GPTConfig, build_model
 from test_train_e2e import base, final_state, train, train_records  # noqa: F401  (base: a fixture)
 

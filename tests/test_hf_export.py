@@ -29,9 +29,9 @@ pytest.importorskip("transformers", reason="needs the eval extra: pip install -e
 
 from nanochat import cli, connections  # noqa: E402
 from nanochat.connections import VARIANTS  # noqa: E402
-from nanochat.hf.assemble import AssemblyError, assemble, check_imports  # noqa: E402
-from nanochat.hf.export import ENTRY_MODULES, discovered_modules, export  # noqa: E402
-from nanochat.hf.model_card import without_other_wirings  # noqa: E402
+from nanochat.interop.hf.assemble import AssemblyError, assemble, check_imports  # noqa: E402
+from nanochat.interop.hf.export import ENTRY_MODULES, discovered_modules, export  # noqa: E402
+from nanochat.interop.hf.model_card import without_other_wirings  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 from scripts.export import main as export_main  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""nanochat/in_flight.py: the occupancy limits, the PTX reading of a streaming loop's loads, the
+"""nanochat/planning/in_flight.py: the occupancy limits, the PTX reading of a streaming loop's loads, the
 Little's-law need, and (compiled for sm_90 without a GPU) the two seam tilings an H200 measured,
 which the estimate must order as the GPU did."""
 
@@ -9,7 +9,7 @@ import textwrap
 import launch
 import pytest
 
-from nanochat import in_flight
+from nanochat.planning import in_flight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,7 +121,8 @@ def test_an_estimate_below_the_need_is_short_and_says_by_how_much():
 # tilings an H200 measured (docs/gpu_measured.md): 16 tokens x 8 warps (chunks 128/64) and 64 x
 # 4 (64/32); a KromHC middle seam moves about 1.0 GB forward and 1.4 GB backward.
 TILINGS = textwrap.dedent("""
-    from nanochat import in_flight, kernel_aot
+    from nanochat.planning import in_flight
+    from nanochat.planning import kernel_aot
     nbytes = dict(seam_forward=1.0e9, seam_backward=1.4e9)
     for tiling in ((16, 8, 128, 64), (64, 4, 64, 32)):
         for k in kernel_aot.middle_seams(tiling):

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from nanochat import isoflop
+from nanochat.studies import isoflop
 from nanochat.report.cm_section import cm_section
 from nanochat.report.isoflop_section import isoflop_markdown
 from nanochat.report.runs import load_run

@@ -1,4 +1,4 @@
-"""nanochat/kernel_aot.py, behind `scripts.kernel_check` (which CI runs on every kernel at D=12):
+"""nanochat/planning/kernel_aot.py, behind `scripts.kernel_check` (which CI runs on every kernel at D=12):
 its checks, and a real ahead-of-time compile for sm_90 without a GPU of a kernel that fits its
 registers and one that cannot, read back from the binary."""
 
@@ -9,7 +9,7 @@ import textwrap
 import launch
 import pytest
 
-from nanochat import kernel_aot
+from nanochat.planning import kernel_aot
 
 pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
 
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compiled(programs=1000, streams=True, regs=64, spill=0, shared=0, warps=4, loaded=16384):
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     loads = in_flight.StreamingLoads(loaded, 0, 1, "", looped=True)
     return kernel_aot.Compiled("seam_forward", "entry", "fused", ["kromhc"], programs, streams,
                                {cc: dict(regs=regs, spill=spill, shared=shared, warps=warps, loads=loads)
@@ -47,7 +47,7 @@ def test_a_record_gives_each_gpu_the_bandwidth_its_bytes_in_flight_allow():
     over an H100's or H200's 132 SMs at 700 ns, 1.85 over an A100's 108; 8 KiB programs at 64
     registers: 8 per SM, over every GPU's need, which each then allows its peak."""
     import json
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     short = json.loads(json.dumps(kernel_aot.record(compiled(regs=255, loaded=6144))))
     assert short["targets"]["90"] == dict(regs=255, spill=0, shared=0, warps=4, programs_per_sm=2,
                                           in_flight_per_program=6144)
@@ -73,7 +73,7 @@ def test_touches_streams_means_at_least_a_d12_stream():
 # with Python (conftest.py), and a compile needs Triton's real JIT.
 COMPILE = textwrap.dedent("""
     import torch, triton, triton.language as tl
-    from nanochat import kernel_aot
+    from nanochat.planning import kernel_aot
     from nanochat.connections.backends import fused_kernels as fk
 
     @triton.jit

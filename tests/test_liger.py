@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from nanochat.checkpoint import model_from_state
+from nanochat.checkpoint_manager import model_from_state
 from nanochat.connections.backends import liger
 from nanochat.gpt import GPTConfig, build_model
 from test_connections import build_layer, make_branch, randomize, random_streams

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness (nanochat/lm_eval_adapter.py, nanochat/lm_eval_run.py,
+"""lm-evaluation-harness (nanochat/interop/lm_eval_adapter.py, nanochat/interop/lm_eval_run.py,
 scripts/lm_eval.py), offline: task YAMLs over local jsonl files written here (lm-eval's
 `dataset_path: json`), with HF_HUB_OFFLINE and HF_DATASETS_OFFLINE set. Our adapter against
 lm-eval's own `hf` model over the exported directory: the same per-item log-likelihoods
@@ -28,8 +28,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from nanochat import cli  # noqa: E402
-from nanochat.hf.export import export  # noqa: E402
-from nanochat.lm_eval_adapter import NanochatLM  # noqa: E402
+from nanochat.interop.hf.export import export  # noqa: E402
+from nanochat.interop.lm_eval_adapter import NanochatLM  # noqa: E402
 from nanochat.tokenizer import Tokenizer  # noqa: E402
 from scripts.lm_eval import main as lm_eval_main  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The memory estimate (nanochat/memory.py): held to real CPU steps for every variant, its
+"""The memory estimate (nanochat/planning/memory.py): held to real CPU steps for every variant, its
 compiled trace held to torch.compile's partition, CUDA's dtype rules from the dispatcher, the
 optimizer state against a real optimizer's, and --device-batch-size auto on a patched GPU."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanochat import memory
-from nanochat import memory_check as check
+from nanochat.planning import memory
+from nanochat.planning import memory_check as check
 from nanochat.connections import VARIANTS
 from nanochat.gpt import build_model
 from nanochat.train_config import parse_args

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from nanochat import plan
+from nanochat.planning import plan
 from scripts import plan as plan_cli
 
 
@@ -247,7 +247,7 @@ def test_memory_per_rank_and_the_device_batch_on_a_named_gpu(tmp_path, capsys, m
     """The plan's memory columns: the estimate at the device batch each run will use, chosen as
     base_train's auto chooses it on the GPU named, and one error line for a run that fits at no
     batch. The GPU's memory is set between the estimates at batch 4 and 8 of the tiny model."""
-    from nanochat import memory
+    from nanochat.planning import memory
     monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path))  # the estimates' disk cache
     k = write_config(tmp_path, "k", hc="kromhc", depth=2, steps=10, batch=1024, vocab_size=512, max_seq_len=64,
                      head_dim=32, aspect_ratio=32, device_batch_size=8, compile="false")
@@ -300,7 +300,7 @@ def test_the_committed_measurement_answers_the_readmes_short_names(tmp_path):
     for name in ("H100", "H200 NVL", "GH200"):
         assert plan.committed_measurement(name, check) == []
     # the same names, in any case, have the GPU's peak and memory for what nothing measured
-    from nanochat.memory import GIB
+    from nanochat.planning.memory import GIB
     assert plan.assumption_for("h200").peak == plan.assumption_for("NVIDIA H200").peak == 989e12
     assert plan.memory_for("a100 40GB", auto=True).bytes == 40 * GIB
 

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from nanochat import plan, trunks
+from nanochat import trunks
+from nanochat.planning import plan
 from nanochat.train_config import model_config_for, parse_args, scaling_params
 from scripts import plan as plan_cli
 

@@ -1,4 +1,4 @@
-"""The checks every rank makes before step 0 (nanochat/preflight.py), on facts as ranks on
+"""The checks every rank makes before step 0 (nanochat/planning/preflight.py), on facts as ranks on
 different nodes would gather them: another tokenizer, other train shards, a run directory a
 rank cannot write or that another node does not share, each one error naming the rank."""
 
@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from nanochat import preflight
+from nanochat.planning import preflight
 
 
 def facts_of(tmp_path, rank, host="node-a", token_bytes=None, files=("shard_00000.parquet",), val_rows=5):

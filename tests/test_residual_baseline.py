@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat.gpt import GPTConfig, build_model, has_value_embedding, model_config_from_depth
 from nanochat.optim import build_optimizer
 from nanochat.report import paper

@@ -10,10 +10,10 @@ import pytest
 from test_report import row, section, table
 from test_train_e2e import make_base, train
 
-from nanochat import plan
+from nanochat.planning import plan
 from nanochat.dataloader import BestFitLoader
 from nanochat.report import paper
-from nanochat.stats import T_975, paired_diff, summarize, t_975
+from nanochat.studies.stats import T_975, paired_diff, summarize, t_975
 from nanochat.tokenizer import get_tokenizer
 from scripts import report as report_cli
 

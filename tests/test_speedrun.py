@@ -17,9 +17,9 @@ from test_report import row, table
 from test_seeds import TINY_CONFIG
 from test_train_e2e import REPO, env_for, make_base
 
-from nanochat import checkpoint as ckpt
-from nanochat.failure import reason
-from nanochat.preempt import EXIT_PREEMPTED
+from nanochat import checkpoint_manager as ckpt
+from nanochat.cluster.failure import reason
+from nanochat.cluster.preempt import EXIT_PREEMPTED
 
 # The real functions, with base_eval of one run replaced by a failing stand-in.
 DRIVER = r"""
@@ -237,7 +237,7 @@ def test_frontier_trains_the_runs_its_runs_are_read_against(tmp_path):
     (scripts.plan --baselines-of), each once."""
     from glob import glob
 
-    from nanochat import plan
+    from nanochat.planning import plan
     _, configs = dry_run(tmp_path, "frontier", PLAN_GPU="H100")
     frontier = sorted(glob("configs/frontier/*.toml", root_dir=REPO))
     assert configs[:len(frontier)] == frontier
@@ -250,7 +250,7 @@ def test_frontier_trains_the_runs_its_runs_are_read_against(tmp_path):
 def test_the_plan_for_a_gpu_named_as_the_readme_names_it(tmp_path):
     """PLAN_GPU=H200 (the README's name; nvidia-smi says "NVIDIA H200") prices the runs the
     committed measurement made from it, and their unmeasured family members from KromHC's."""
-    from nanochat import plan
+    from nanochat.planning import plan
     device = json.loads(plan.COMMITTED_GPU_CHECK.read_text())["env"]["device_name"]
     out, _ = dry_run(tmp_path, "paper-d12", PLAN_GPU=device.removeprefix("NVIDIA ").lower())
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("paper_d12_")}

@@ -1,4 +1,4 @@
-"""nanochat/traffic.py, the bytes counter behind `scripts.bench --traffic`: the instrumented
+"""nanochat/planning/traffic.py, the bytes counter behind `scripts.bench --traffic`: the instrumented
 interpreter's distinct and issued bytes of a Triton launch, the pricing of a traced graph by
 Inductor's fusion, and the step it predicts."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from nanochat import traffic
+from nanochat.planning import traffic
 
 triton = pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
 tl = triton.language
@@ -232,6 +232,6 @@ def test_the_traffic_table_predicts_the_wider_trunks(capsys):
 
 
 def test_a_gpus_bandwidth_is_the_one_its_kernels_are_estimated_at():
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     assert traffic.bandwidth("NVIDIA H200") == in_flight.H200.bandwidth == 4.8e12
     assert traffic.bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12 and traffic.bandwidth("Tesla T4") is None

@@ -17,10 +17,10 @@ import torch
 from test_optim import _free_port
 from test_train_e2e import REPO, TINY, env_for, final_state, make_base, train, train_records
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat.data.local import write_corpus
 from nanochat.data.shards import VAL_SHARD, parquets_iter_batched, shard_name, write_shard
-from nanochat.preempt import EXIT_PREEMPTED
+from nanochat.cluster.preempt import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +137,8 @@ def test_eight_ranks_on_four_val_row_groups_equal_one_process(cluster):
 
 SIGNALS = """
 import os, signal, sys
-from nanochat import checkpoint, gpt
+from nanochat import gpt
+from nanochat import checkpoint_manager as checkpoint
 from scripts import base_train
 rank = int(os.environ["RANK"])
 real_forward, calls = gpt.GPT.forward, [0]

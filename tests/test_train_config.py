@@ -8,9 +8,9 @@ import tomllib
 import pytest
 import torch
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat.gpt import GPTConfig, build_model
-from nanochat.preempt import StopRequest
+from nanochat.cluster.preempt import StopRequest
 from nanochat.train_config import FLAG_NAMES, dumps_toml, parse_args, settings
 from scripts.base_train import (check_resume_settings, clean_metrics_log, grad_accum_steps, lr_multiplier,
                                 muon_momentum, muon_weight_decay)

@@ -14,7 +14,7 @@ import launch
 import pytest
 import torch
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_resume_refuses_a_changed_config(base):
 
 KILL_MID_SAVE = """
 import os, sys
-from nanochat import checkpoint
+from nanochat import checkpoint_manager as checkpoint
 from scripts import base_train
 real = checkpoint.atomic_write
 def dying_write(path, data):

@@ -15,7 +15,7 @@ import torch._dynamo
 
 from nanochat import connections
 from nanochat.connections import hc
-from nanochat.connections.trunk import ConnectionLayer, SumReduce
+from nanochat.connections.frame import ConnectionLayer, SumReduce
 from nanochat.gpt import GPTConfig, build_model, norm
 
 VOCAB = 300

@@ -97,7 +97,7 @@ def test_a_left_padded_row_smears_nothing_from_its_padding():
 @pytest.mark.parametrize("name", [n for n in NAMES if connections.in_package(n)])
 def test_hf_export_loads_with_the_same_logits(make_run, tmp_path, base_with_tokenizer, name):
     transformers = pytest.importorskip("transformers")
-    from nanochat.hf.export import export
+    from nanochat.interop.hf.export import export
     run_dir = tmp_path / name
     model = make_run(run_dir, hc=name, trunk=MODERN)
     out = export(run_dir, tmp_path / "export", overwrite=True)["dir"]
@@ -114,7 +114,7 @@ def test_hf_export_loads_with_the_same_logits(make_run, tmp_path, base_with_toke
 def test_each_wiring_of_the_package_says_what_its_backout_subtracts():
     """SPEC backout: a phrase of its own (docs/variants.md lists them), shown on the model card."""
     from nanochat.connections.spec import BACKOUT
-    from nanochat.hf.model_card import _trunk_line
+    from nanochat.interop.hf.model_card import _trunk_line
     text = open("docs/variants.md").read()
     section = text[text.index("## Backout"):]
     for name, spec in connections.specs().items():

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanochat import connections, plan
+from nanochat import connections
+from nanochat.planning import plan
 from nanochat.connections import liveness
 from nanochat.connections.spec import SpecError
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 from nanochat.gpt import GPT, GPTConfig, build_model
 from scripts import bench, hc_report
 from scripts import report as report_cli
@@ -80,7 +81,7 @@ def run_of(base, make_run, name):
     run_dir = base / "runs" / name
     if not (run_dir / "summary.json").exists():
         make_run(run_dir, **SIZES, hc=name)
-    from nanochat.checkpoint import load_model
+    from nanochat.checkpoint_manager import load_model
     return run_dir, load_model(run_dir, device="cpu")[0]
 
 
@@ -213,7 +214,7 @@ def test_the_contract_runs_on_a_users_wiring_file():
 
 
 def test_a_wiring_registered_from_outside_is_refused_by_the_export(base, make_run, tmp_path):
-    from nanochat.hf.export import export
+    from nanochat.interop.hf.export import export
     with pytest.raises(ValueError, match="registered from outside the nanochat package"):
         export(run_of(base, make_run, "static_hc")[0], tmp_path / "export")
 
@@ -269,7 +270,7 @@ def test_a_variant_registered_with_nothing_else_passes_or_says_why(dummy, base, 
     bench.main(BENCH + INFER + ["--variants", dummy, "--out", str(out)])
     report_cli.main(["--runs", str(run_dir), "--out", str(tmp_path / "report")])
     assert "Dummy" in (tmp_path / "report" / "README.md").read_text()
-    from nanochat.hf.export import export
+    from nanochat.interop.hf.export import export
     with pytest.raises(ValueError, match="registered from outside the nanochat package"):
         export(run_dir, tmp_path / "export")
 

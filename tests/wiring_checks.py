@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from nanochat import checkpoint as ckpt
+from nanochat import checkpoint_manager as ckpt
 from nanochat import connections
 from nanochat.connections import liveness
 from nanochat.connections.diagnostics import collect_hc_stats
@@ -148,7 +148,7 @@ def assert_params_match_spec(hc, **fields):
 
 
 def assert_resumes_bitwise(*flags, steps=2):
-    """The wiring's whole training state saved as base_train saves it (nanochat/checkpoint.py:
+    """The wiring's whole training state saved as base_train saves it (nanochat/checkpoint_manager.py:
     the model, the optimizer, the RNG), loaded into a model and an optimizer built afresh as
     base_train resumes: the next steps' losses and the weights after them equal the
     uninterrupted run's bitwise. In this process: the command's resume around that (a SIGKILL,

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from nanochat.connections import hc, trunk
+from nanochat.connections import frame, hc
 from nanochat.connections.backends import fused, ops
 from nanochat.connections.diagnostics import record_state
 from nanochat.connections.spec import OPTIONS, SpecError, listed_order, spec_of
@@ -57,7 +57,7 @@ def discover():
     each under its file name, in the order tables list them (SPEC `order`, then the name).
     Found by listing the package, so that a new wiring is a new file and nothing else. An
     exported model's flat copy of this file has no package to list: its assembler
-    (nanochat/hf/assemble.py) imports the wiring modules above this point as plain imports,
+    (nanochat/interop/hf/assemble.py) imports the wiring modules above this point as plain imports,
     and they are taken from this module's names."""
     if "__path__" in globals():
         # Only the files that assign SPEC are imported: the others need not be importable here
@@ -123,7 +123,7 @@ def _declares_spec(info):
 VARIANTS = discover()
 # The options of the HC family (trunk.py, hc.py), their choices and their defaults (what a
 # config or checkpoint that predates them ran).
-HC_OPTIONS = {"hc_expand": trunk.EXPANDS, "hc_reduce": trunk.REDUCES, "hc_pre": hc.PRES}
+HC_OPTIONS = {"hc_expand": frame.EXPANDS, "hc_reduce": frame.REDUCES, "hc_pre": hc.PRES}
 
 
 def spec(name):
@@ -355,7 +355,7 @@ def resolve_options(cfg):
                          "pre-weights the last layer's pre-weights do it (DeepSeek-V4.1 has no separate head); "
                          "choose one")
     if not isinstance(cfg.hc_lss_init, (int, float)) or not math.isfinite(cfg.hc_lss_init):
-        raise ValueError(f"hc_lss_init={cfg.hc_lss_init!r} must be a finite number (the source's: {trunk.LSS_INIT})")
+        raise ValueError(f"hc_lss_init={cfg.hc_lss_init!r} must be a finite number (the source's: {frame.LSS_INIT})")
 
 
 def resolve_backend(cfg):
@@ -388,8 +388,8 @@ def resolve_config(cfg):
 def build(cfg):
     resolve_config(cfg)
     variant = VARIANTS[cfg.hc]
-    expand = getattr(variant, "make_expand", trunk.make_expand)(cfg)
-    reduce = getattr(variant, "make_reduce", trunk.make_reduce)(cfg)
+    expand = getattr(variant, "make_expand", frame.make_expand)(cfg)
+    reduce = getattr(variant, "make_reduce", frame.make_reduce)(cfg)
     init = getattr(variant, "init_sublayers", None)
     layers = variant.make_layers(cfg)
     check_layers(cfg.hc, layers)

@@ -46,7 +46,7 @@ from torch import nn
 
 from nanochat.connections.diagnostics import config_params, record_reads
 from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.connections.frame import ConnectionLayer, resolve_one_state
 from nanochat.flags import nonneg_int
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size

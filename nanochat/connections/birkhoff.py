@@ -35,7 +35,7 @@ def convex_permutations(a, perms):
     float64, where each entry is its weights' sum rounded once. Nor an elementwise weighted
     sum, exact too: torch.compile's min-cut partitioner then kept more stream states for the
     backward (KromHC at D=12: 1.22x the residual baseline's memory instead of 1.10x, by
-    nanochat/memory.py). MPS has no float64: there the elementwise sum."""
+    nanochat/planning/memory.py). MPS has no float64: there the elementwise sum."""
     if a.device.type == "mps":
         return (a.unsqueeze(-1) * perms).sum(-2)
     wide = torch.promote_types(a.dtype, torch.float64)

@@ -73,7 +73,7 @@ from torch import nn
 from nanochat.connections import attnres
 from nanochat.connections.diagnostics import attnres_read_params, record_reads
 from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.connections.frame import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice
 
 SOURCES = ("full", "block", "block_partial")

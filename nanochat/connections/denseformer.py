@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
+from nanochat.connections.frame import BlockLevelLayer, resolve_one_state
 from nanochat.flags import positive_int
 
 FIELDS = {"dwa_dilation": 1, "dwa_period": 1}

@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.backends.ops import no_autocast, stream_sum
-from nanochat.connections.trunk import ConnectionLayer, Parameterless
+from nanochat.connections.frame import ConnectionLayer, Parameterless
 
 SCALE_INIT = 0.01  # s_alpha and s_beta (Alg. 2)
 SPEC = dict(

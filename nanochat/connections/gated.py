@@ -37,7 +37,7 @@ from torch import nn
 from nanochat.connections.diagnostics import record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, mix_post, no_autocast
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 from nanochat.flags import nonneg_int
 
 RANK_DIVISOR = 8  # the release: rank 320 at C = 2560

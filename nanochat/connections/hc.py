@@ -54,7 +54,7 @@ from nanochat.connections.backends import fused
 from nanochat.connections.backends.ops import (RMS_EPS, coefficient_dtype, mix_post, mix_pre, no_autocast, rms_project,
                                       uses_fused)
 from nanochat.connections.res_maps import FreeMap, IdentityMap
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 
 DEFAULT_STREAMS = 4
 PRES = ("current", "delayed")  # hc_pre: which layer's H_pre reads a layer's input

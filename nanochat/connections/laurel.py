@@ -31,7 +31,7 @@ from torch import nn
 
 from nanochat.connections import prenorm
 from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.connections.frame import ConnectionLayer, resolve_one_state
 from nanochat.flags import choice, positive_int
 
 FORMS = ("rw", "lr", "rw_lr")

@@ -29,7 +29,7 @@ import torch
 from nanochat.connections import attnres
 from nanochat.connections.diagnostics import attnres_read_params
 from nanochat.connections.backends.ops import no_autocast
-from nanochat.connections.trunk import resolve_one_state
+from nanochat.connections.frame import resolve_one_state
 from nanochat.flags import nonneg_int
 
 FIELDS = {"mhar_heads": 0}

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.trunk import BlockLevelLayer, resolve_one_state
+from nanochat.connections.frame import BlockLevelLayer, resolve_one_state
 
 WAYS = 4  # Q, K, V, R
 LAST_EXPAND = 4  # the reference's expand_last: a 4x wider MLP after the last block

@@ -24,7 +24,7 @@ from torch import nn
 
 from nanochat.connections.backends.ops import no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 
 SPEC = dict(
     label="Post-norm",

@@ -8,7 +8,7 @@ State: one stream, (B, T, 1, C), starting as the normed embedding x0 and folded 
 trunk's sum (a squeeze). No parameters.
 """
 
-from nanochat.connections.trunk import ConnectionLayer, resolve_one_state
+from nanochat.connections.frame import ConnectionLayer, resolve_one_state
 
 SPEC = dict(
     label="Pre-norm",

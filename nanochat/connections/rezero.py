@@ -27,7 +27,7 @@ from torch import nn
 
 from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 
 SPEC = dict(
     label="ReZero",

@@ -7,7 +7,7 @@ configuration, `nanochat.report.tables`) and PNG figures in the paper's styles (
 Nothing is invented: a value that no file holds is printed as a dash, runs that were expected
 but not found are listed, runs without summary.json are marked incomplete, and runs that
 speedrun recorded as failed say why. Runs that differ only in their seeds form one row
-(`nanochat.report.runs.seed_groups`, `nanochat.stats`).
+(`nanochat.report.runs.seed_groups`, `nanochat.studies.stats`).
 
 Runs of another trunk than the paper's (config.toml's `trunk`, docs/trunks.md) get sections of
 their own after the paper's: their runs, results per depth and compute multiplier, never a row,

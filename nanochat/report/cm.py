@@ -1,5 +1,5 @@
 """The compute-multiplier study over runs: who is the baseline, which runs are a variant's
-ladder, every reading of nanochat/compute_multiplier.py per variant and depth, the intervals
+ladder, every reading of nanochat/studies/compute_multiplier.py per variant and depth, the intervals
 and Holm-Bonferroni, and what could not be computed (as one `error:`/`warning:` line each).
 `scripts.compare` prints and writes it; the report's "Compute multiplier" section shows it.
 
@@ -11,10 +11,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from nanochat import compute_multiplier as cm
+from nanochat.studies import compute_multiplier as cm
 from nanochat.report.compute import spend_of, tag_of
 from nanochat.report.runs import seed_groups
-from nanochat.stats import geomean, holm
+from nanochat.studies.stats import geomean, holm
 
 BASELINE_LABEL = "residual"
 

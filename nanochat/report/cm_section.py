@@ -10,7 +10,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from nanochat import trunks
-from nanochat.isoflop import is_grid_run
+from nanochat.studies.isoflop import is_grid_run
 from nanochat.report.cm import compare, pool, select_groups
 from nanochat.report.figures import add_legend
 from nanochat.report.format import MISSING, md_table

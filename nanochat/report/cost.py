@@ -11,7 +11,7 @@ from pathlib import Path
 from nanochat import connections
 from nanochat.report.format import MISSING, fmt, md_table
 from nanochat.report.runs import method_label, method_order
-from nanochat.stats import geomean
+from nanochat.studies.stats import geomean
 
 # The command that measures the inference rows at a depth (the CPU demo's width rule; on a
 # GPU the paper's head dim and vocabulary).

@@ -1,7 +1,7 @@
 """Markdown cells and tables of the report: a dash for a value no run file holds, n/a for one
 the method does not have."""
 
-from nanochat.stats import summarize
+from nanochat.studies.stats import summarize
 
 MISSING = "—"
 # A measure that does not exist for a run's method (the doubly-stochastic and stream measures

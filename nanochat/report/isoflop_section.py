@@ -1,5 +1,5 @@
 """The iso-FLOP frontier from the grid's runs (`speedrun.sh isoflop`): per budget and connection
-label the compute-optimal size (nanochat/isoflop.py's parabola in ln params), the frontier over
+label the compute-optimal size (nanochat/studies/isoflop.py's parabola in ln params), the frontier over
 budgets, and the CM along it against the baseline's frontier. `scripts.isoflop` prints and writes
 it; the report shows it as a subsection of "Compute multiplier" when grid runs exist
 (`isoflop_markdown`, through cm_section's hook).
@@ -12,8 +12,8 @@ connection alike.
 import math
 from pathlib import Path
 
-from nanochat import isoflop
-from nanochat.compute_multiplier import LadderError
+from nanochat.studies import isoflop
+from nanochat.studies.compute_multiplier import LadderError
 from nanochat.report.compute import connection_label
 from nanochat.report.format import fmt, md_table
 

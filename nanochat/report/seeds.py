@@ -11,7 +11,7 @@ so rather than guessing a noise level.
 from nanochat import connections
 from nanochat.report.format import MISSING, finer, fmt_diff, md_table
 from nanochat.report.runs import core_score, is_main, method_label, method_order, seeds_of, train_loss, val_bpb
-from nanochat.stats import holm, paired_diff
+from nanochat.studies.stats import holm, paired_diff
 from nanochat.report.tables import row_members, row_name, row_runs
 
 REFERENCES = ("residual", "mhc")  # the baseline, and the method KromHC sets out to replace

@@ -23,7 +23,7 @@ from torch import nn
 from nanochat.connections.diagnostics import option_params, record_layer
 from nanochat.connections.hc import resolve_streams
 from nanochat.connections.backends.ops import coefficient_dtype, mix_post, mix_pre
-from nanochat.connections.trunk import ConnectionLayer
+from nanochat.connections.frame import ConnectionLayer
 
 
 def dead_parameters(cfg):

@@ -1,6 +1,6 @@
 """torch.library.custom_op for this package's operators (nanochat::...), defined once per process.
 
-An exported model's code (nanochat/hf/assemble.py) is a copy of this package that transformers
+An exported model's code (nanochat/interop/hf/assemble.py) is a copy of this package that transformers
 imports beside the project itself, so the same operators can be defined twice in one process.
 torch.library.custom_op overwrites an existing definition: it destroys the first one's
 registrations, while the first module's callers keep its operator handle, so their next call

@@ -20,7 +20,7 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from nanochat.gpt import GPT
-from nanochat.hf.configuration import NanochatHCConfig
+from nanochat.interop.hf.configuration import NanochatHCConfig
 
 # forward() arguments of transformers' models that this one does not implement (a value
 # other than None or False is refused rather than ignored).

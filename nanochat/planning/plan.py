@@ -33,7 +33,7 @@ total batch of a run on the 2026-07 trunk (`--total-batch-size auto`, its defaul
 A config takes its trunk's defaults for the flags it leaves out (nanochat/trunks.py
 FLAG_DEFAULTS); `on_trunk` moves a mode's runs to another trunk (speedrun's TRUNK).
 Evaluation is not counted: on the paper's configs it is a few percent of a run.
-Memory (`fit`): a run's estimated peak per rank (nanochat/memory.py) at the device batch it will
+Memory (`fit`): a run's estimated peak per rank (nanochat/planning/memory.py) at the device batch it will
 use on a GPU of known memory: the config's, or under --device-batch-size auto the batch
 base_train will choose; a run that fits at no batch is refused (`refused`).
 """
@@ -357,20 +357,20 @@ class Fit:
     the estimate at that batch (at the smallest tried when none fits), and whether the batch
     was chosen to fit (--device-batch-size auto) or is the config's."""
     batch: int | None
-    estimate: object  # nanochat.memory.Estimate
+    estimate: object  # nanochat.planning.memory.Estimate
     auto: bool
     fits: bool
 
 
 def fit(run, nproc, memory_bytes=None, auto=False):
     """The device batch and estimated peak per rank of a run on nproc GPUs of memory_bytes
-    each (nanochat/memory.py; compiled unless its config says otherwise, as base_train runs on
+    each (nanochat/planning/memory.py; compiled unless its config says otherwise, as base_train runs on
     a GPU). auto, or a config whose device batch is auto: the largest fitting power of two up
     to the config's value, as base_train picks it; else the config's value. None for a run
     whose settings are bad (training will say why)."""
     key = (*_shape_key(run), memory_bytes, nproc, auto)
     if key not in _FITS:
-        from nanochat import memory
+        from nanochat.planning import memory
         from nanochat.train_config import AUTO, model_config_for
         try:
             args = _train_args(key[:2])
@@ -406,7 +406,7 @@ def fit(run, nproc, memory_bytes=None, auto=False):
 
 def memory_cells(f):
     """The plan's memory columns of a Fit: peak per rank and the device batch."""
-    from nanochat.memory import GIB
+    from nanochat.planning.memory import GIB
     if f is None:
         return "—", "—"
     peak = f"{f.estimate.peak / GIB:.1f} GiB"
@@ -529,11 +529,11 @@ def gpu_words(name):
 
 def gpu_memory(name):
     """The memory a GPU's name means, in GB: the one it states, else the data sheet's for that
-    name (nanochat.memory's table: a bare "A100" is the 80 GB one); None where neither says."""
+    name (nanochat.planning.memory's table: a bare "A100" is the 80 GB one); None where neither says."""
     stated = gpu_words(name)[1]
     if stated is not None:
         return stated
-    from nanochat.memory import gpu_memory_gib
+    from nanochat.planning.memory import gpu_memory_gib
     return gpu_memory_gib(name)
 
 
@@ -859,26 +859,26 @@ class Memory:
     auto: bool
 
     def describe(self):
-        from nanochat.memory import GIB, MARGIN_FRACTION, MARGIN_GIB
+        from nanochat.planning.memory import GIB, MARGIN_FRACTION, MARGIN_GIB
         where = (f"the {self.gpu}'s {self.bytes / GIB:.0f} GiB (NVIDIA's data sheet)" if self.bytes else
                  "no GPU of known memory (set PLAN_GPU / --gpu-name): the configs' batches, unchecked")
         return (f"peak per rank: estimated max_memory_allocated of a training step at that device batch "
-                f"(nanochat/memory.py; compiled, bf16), which with {MARGIN_FRACTION:.0%} + {MARGIN_GIB:g} GiB of "
+                f"(nanochat/planning/memory.py; compiled, bf16), which with {MARGIN_FRACTION:.0%} + {MARGIN_GIB:g} GiB of "
                 f"margin must fit {where}; device batch: "
                 + ("the largest power of two up to the config's that fits (--device-batch-size auto)" if self.auto
                    else "the config's") + ".")
 
 
 def memory_for(gpu_name, auto):
-    """The Memory of a GPU by name (its memory from nanochat.memory's table, None when unknown)."""
-    from nanochat.memory import GIB, gpu_memory_gib
+    """The Memory of a GPU by name (its memory from nanochat.planning.memory's table, None when unknown)."""
+    from nanochat.planning.memory import GIB, gpu_memory_gib
     gib = gpu_memory_gib(gpu_name) if gpu_name else None
     return Memory(gpu_name, None if gib is None else gib * GIB, auto)
 
 
 def refused(runs, nproc, memory):
     """The error line for the runs still to train that fit the GPU at no device batch, or None."""
-    from nanochat.memory import GIB
+    from nanochat.planning.memory import GIB
     bad = [(r, f) for r in runs if not r.finished and (f := fit(r, nproc, memory.bytes, memory.auto)) is not None
            and f.batch is None]
     if not bad:

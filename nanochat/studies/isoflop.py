@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanochat.compute_multiplier import fit_saturating_power_law, ladder_cm
+from nanochat.studies.compute_multiplier import fit_saturating_power_law, ladder_cm
 
 
 @dataclass(frozen=True)

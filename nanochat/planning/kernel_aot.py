@@ -16,7 +16,7 @@ and its wheel carries cuobjdump, which reads the resources from the binary. So:
    (`cuobjdump -res-usage`), the dynamic shared memory from Triton's metadata.
 
 4. Read the loads of each kernel's streaming loop from its PTX, and with its resources estimate
-   the bytes it keeps in flight per SM (nanochat/in_flight.py).
+   the bytes it keeps in flight per SM (nanochat/planning/in_flight.py).
 
 Checks (`failures`): no spills; shared memory within the target's per-block limit; every
 kernel that reads or writes the streams launches at least two waves of an H100's 132 SMs and
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from nanochat import in_flight
+from nanochat.planning import in_flight
 
 TARGETS = (80, 90)  # compute capabilities: A100; H100 and H200
 # Maximum shared memory per block, opt-in (CUDA C++ Programming Guide, "Technical

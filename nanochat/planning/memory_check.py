@@ -1,4 +1,4 @@
-"""The memory estimate (nanochat/memory.py) held to real memory, on the CPU: the peak of a real
+"""The memory estimate (nanochat/planning/memory.py) held to real memory, on the CPU: the peak of a real
 training step beside the estimate, for every variant and option, eagerly and compiled, and the
 GPU figures of the variants relative to the residual baseline.
 
@@ -12,7 +12,7 @@ estimate assumes, can only be held to a GPU's `max_memory_allocated` (scripts.gp
 
 import torch
 
-from nanochat import memory
+from nanochat.planning import memory
 from nanochat.connections import VARIANTS
 from nanochat.gpt import build_model, model_config_from_depth
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanochat.stats import t_975, t_pvalue
+from nanochat.studies.stats import t_975, t_pvalue
 
 C_GRID = np.geomspace(1e-3, 3.0, 400)  # exponents c searched; loss-compute exponents sit near 0.05-0.5
 GOLDEN = (math.sqrt(5) - 1) / 2

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from nanochat.checkpoint import atomic_write
+from nanochat.checkpoint_manager import atomic_write
 
 # A network filesystem may show another node's new file a little late.
 VISIBLE_WITHIN_S = 10

@@ -7,7 +7,7 @@ streams under CUDA's autocast rules) around branches u -> norm(u) @ M, M a froze
 everything but the branches' matmuls, i.e. the connection's own passes and the sub-layers'
 input norms (which the residual baseline fuses with its add). The trunk is traced as
 torch.compile partitions it (AOTAutograd, the min-cut partitioner, Inductor's
-decompositions: nanochat/memory.py's tracing, on fake tensors, so at full size and in
+decompositions: nanochat/planning/memory.py's tracing, on fake tensors, so at full size and in
 seconds), and each graph is priced kernel by kernel:
 
 - PyTorch ops by Inductor's fusion (memory.written_nodes): a kernel writes its buffer once
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nanochat import memory
+from nanochat.planning import memory
 
 D12 = dict(n_layer=12, C=768, n=4, tokens=32 * 2048)
 COUNT_TOKENS = (16, 32)  # the token counts custom ops are run at (1 and 2 tiles of the seams)
@@ -419,9 +419,9 @@ def connection_bytes(fields, kernels):
 
 
 def bandwidth(device_name):
-    """DRAM bandwidth in bytes/s of the GPU a device's name names (nanochat/in_flight.py's
+    """DRAM bandwidth in bytes/s of the GPU a device's name names (nanochat/planning/in_flight.py's
     datasheet peaks, the same the bytes-in-flight estimate holds kernels to), or None."""
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     gpu = in_flight.gpu_named(device_name)
     return gpu.bandwidth if gpu else None
 
@@ -451,10 +451,10 @@ def kernels_record(path=None):
 
 def allowed_bandwidths(record, workload, device_name):
     """{"name|what": bytes/s} that each compiled kernel's bytes in flight allow on the GPU named
-    `device_name` (nanochat/in_flight.py), from `record` (kernels_record): the kernels `workload`
+    `device_name` (nanochat/planning/in_flight.py), from `record` (kernels_record): the kernels `workload`
     launches (kernel_aot's labels: "kromhc", "kromhc split", ...), and after them any other
     kernel of the same name and seam, at its least where several were compiled."""
-    from nanochat import in_flight
+    from nanochat.planning import in_flight
     gpu = in_flight.gpu_named(device_name)
     out = {}
     for own in (True, False):

@@ -19,17 +19,18 @@ from pathlib import Path
 
 import torch
 
-from nanochat import checkpoint, connections
-from nanochat.hf.assemble import assemble, check_imports
-from nanochat.hf.configuration import MODEL_TYPE, NanochatHCConfig
-from nanochat.hf.model_card import model_card
-from nanochat.hf.tokenizer import export_tokenizer
-from nanochat.lm_eval_run import lm_eval_record
+from nanochat import connections
+from nanochat import checkpoint_manager as checkpoint
+from nanochat.interop.hf.assemble import assemble, check_imports
+from nanochat.interop.hf.configuration import MODEL_TYPE, NanochatHCConfig
+from nanochat.interop.hf.model_card import model_card
+from nanochat.interop.hf.tokenizer import export_tokenizer
+from nanochat.interop.lm_eval_run import lm_eval_record
 from nanochat.tokenizer import check_vocab, get_tokenizer, run_tokenizer_dir
 
 CONFIG_MODULE = f"configuration_{MODEL_TYPE}"
 MODELING_MODULE = f"modeling_{MODEL_TYPE}"
-ENTRY_MODULES = {"nanochat.hf.modeling": MODELING_MODULE, "nanochat.hf.configuration": CONFIG_MODULE}
+ENTRY_MODULES = {"nanochat.interop.hf.modeling": MODELING_MODULE, "nanochat.interop.hf.configuration": CONFIG_MODULE}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -96,7 +97,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     """Write the export of run_dir's checkpoint (`step`, default the latest) to `out`, with
     the trained tokenizer of the run's corpus (base_dir()/tokenizer, or tokenizer_climbmix),
     which must be the run's."""
-    from nanochat.hf.modeling import NanochatHCForCausalLM  # transformers: imported when used
+    from nanochat.interop.hf.modeling import NanochatHCForCausalLM  # transformers: imported when used
 
     check_out_dir(out, overwrite)
     tokenizer_dir = run_tokenizer_dir(run_dir)

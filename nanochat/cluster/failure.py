@@ -3,7 +3,7 @@ the stage (training, evaluation, lm-eval, diagnostics), the exit status, the log
 log that says why. The report shows it as the run's status; speedrun removes it before the
 next attempt.
 
-    python -m nanochat.failure RUN_DIR STAGE LOG EXIT_STATUS
+    python -m nanochat.cluster.failure RUN_DIR STAGE LOG EXIT_STATUS
 """
 
 import json
@@ -41,7 +41,7 @@ def record(run_dir, stage, log_path, exit_status):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 4 or not argv[3].lstrip("-").isdigit():
-        sys.exit("error: usage: python -m nanochat.failure RUN_DIR STAGE LOG EXIT_STATUS")
+        sys.exit("error: usage: python -m nanochat.cluster.failure RUN_DIR STAGE LOG EXIT_STATUS")
     run_dir, stage, log, status = argv
     print(f"speedrun: {Path(run_dir).name} failed in {stage} (exit {status}): {record(run_dir, stage, log, int(status))}")
 

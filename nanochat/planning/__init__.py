@@ -1,0 +1,1 @@
+"""Planning a run before it starts: its GPU-hours (plan), its peak memory (memory, memory_check), the bytes its stream kernels move (traffic, in_flight), the kernels compiled ahead of time (kernel_aot) and the checks before a launch (preflight)."""
