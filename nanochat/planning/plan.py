@@ -208,7 +208,7 @@ def _flag(name, value):
 
 # Where a variant's config of a depth is found, d<D>_<variant>.toml under the repository, in
 # the order of scripts/speedrun_lib.sh's variant_config: the paper's hyper-parameters first.
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIRS = ("configs/paper", "configs/ablations", "configs/frontier")
 
 
@@ -506,7 +506,7 @@ def read_gpu_check(path, exact_only=False, gpu_name=""):
 
 # The measurement committed with the code (scripts.gpu_check on one GPU): it prices a plan for
 # that GPU where nothing nearer was measured, for exactly the runs it measured.
-COMMITTED_GPU_CHECK = Path(__file__).resolve().parents[1] / "docs" / "gpu_check.json"
+COMMITTED_GPU_CHECK = Path(__file__).resolve().parents[2] / "docs" / "gpu_check.json"
 
 
 # Words of a GPU's name that tell it from no other GPU: the vendor and brand, the form factor

@@ -428,7 +428,7 @@ def bandwidth(device_name):
 
 def residual_step(path=None):
     """(ms, device name) of the residual baseline's D=12 step in a gpu_check result."""
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
                                 "gpu_check.json")
     with open(path) as f:
         result = json.load(f)
@@ -442,7 +442,7 @@ def residual_step(path=None):
 def kernels_record(path=None):
     """The kernels of a `scripts.kernel_check --json` run (docs/kernels.json), or None where
     there is none."""
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "kernels.json")
+    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "kernels.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
