@@ -16,11 +16,11 @@ wiring that feeds query, key and value from different states (MUDDFormer).
 The attention kernel is chosen by the `attention` field (flex | sdpa | auto) in one place,
 `CausalSelfAttention.forward`.
 
-The `trunk` field picks the recipe around the stream (nanochat/trunks.py, docs/trunks.md):
-2026-01 is all of the above; 2026-07 is nanochat 92d63d4's (TRUNK_SHAPES: the casting `Linear`
-instead of autocast, the value gate, q/k scale and RoPE base; quarter windows; its inits; the
-smear of the embedding, `GPT.smear`, and the backout, which StreamConnections applies through
-each wiring's readout).
+The `trunk` field picks the recipe around the stream (nanochat/trunks.py, docs/trunks.md), whose
+record (`GPTConfig.recipe`) the model reads: 2026-01 is all of the above; 2026-07 is nanochat
+92d63d4's (the casting `Linear` instead of autocast, the value gate, q/k scale and RoPE base;
+quarter windows; its inits; the smear of the embedding, `GPT.smear`, and the backout, which
+StreamConnections applies through each wiring's readout).
 """
 
 import contextlib
@@ -107,6 +107,11 @@ class GPTConfig:
         trunks.check(self.trunk)
         connections.resolve_config(self)
 
+    @property
+    def recipe(self):
+        """The trunk's record (nanochat/trunks.py): every value the model takes from its recipe."""
+        return trunks.recipe(self.trunk)
+
 
 class Linear(nn.Linear):
     """A linear layer whose fp32 master weight is cast to the input's dtype: the 2026-07 trunk's
@@ -117,21 +122,11 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype))
 
 
-@dataclass(frozen=True)
-class TrunkShape:
-    """What the model's own layers do differently by trunk (the stream's are the wiring's)."""
-    linear: type  # the matmul layer: autocast's nn.Linear, or the casting Linear
-    ve_gate_channels: int  # the value-embedding gate reads this many channels of the input
-    ve_gate_scale: float  # gate = scale * sigmoid(W x[..., :channels])
-    qk_scale: float  # q and k are multiplied by this after their norm
-    rope_base: float
-    smear_backout: bool  # the smear of the embedding and the backout before the final norm
+def linear_layer(recipe):
+    """The matmul layer of a recipe: autocast's nn.Linear, or the casting Linear."""
+    return nn.Linear if recipe.autocast else Linear
 
 
-TRUNK_SHAPES = {
-    "2026-01": TrunkShape(nn.Linear, 32, 2.0, 1.0, 10000.0, False),
-    "2026-07": TrunkShape(Linear, 12, 3.0, 1.2, 100000.0, True),
-}
 SMEAR_CHANNELS = 24  # the smear gate reads the first 24 channels of the normed embedding (92d63d4)
 BACKOUT_INIT = 0.2
 TRUNK_SCALAR_LR = 0.2  # the smear gate, smear and backout scalars train at this fixed AdamW LR (92d63d4)
@@ -348,15 +343,15 @@ class CausalSelfAttention(nn.Module):
         self.sequence_len = config.sequence_len
         self.head_dim = config.n_embd // config.n_head
         C, hd = config.n_embd, self.head_dim
-        shape = TRUNK_SHAPES[config.trunk]
-        Linear = shape.linear
+        recipe = config.recipe
+        Linear = linear_layer(recipe)
         self.c_q = Linear(C, self.n_head * hd, bias=False)
         self.c_k = Linear(C, self.n_kv_head * hd, bias=False)
         self.c_v = Linear(C, self.n_kv_head * hd, bias=False)
         self.c_proj = Linear(C, C, bias=False)
-        self.ve_gate_channels = shape.ve_gate_channels
-        self.ve_gate_scale = shape.ve_gate_scale
-        self.qk_scale = shape.qk_scale
+        self.ve_gate_channels = recipe.ve_gate_channels
+        self.ve_gate_scale = recipe.ve_gate_scale
+        self.qk_scale = recipe.qk_scale
         self.ve_gate = (Linear(self.ve_gate_channels, self.n_kv_head, bias=False)
                         if has_value_embedding(layer_idx, config) else None)
 
@@ -405,7 +400,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        Linear = TRUNK_SHAPES[config.trunk].linear
+        Linear = linear_layer(config.recipe)
         self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=False)
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=False)
 
@@ -429,6 +424,7 @@ class GPT(nn.Module):
     def __init__(self, config, pad_vocab_size_to=64):
         super().__init__()
         self.config = config
+        self.recipe = config.recipe
         self.padded_vocab_size = math.ceil(config.vocab_size / pad_vocab_size_to) * pad_vocab_size_to
         C = config.n_embd
         self.head_dim = C // config.n_head
@@ -437,15 +433,14 @@ class GPT(nn.Module):
             "wte": Embedding(self.padded_vocab_size, C),
             "h": nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
         })
-        self.shape = TRUNK_SHAPES[config.trunk]
-        self.lm_head = self.shape.linear(C, self.padded_vocab_size, bias=False)
+        self.lm_head = linear_layer(self.recipe)(C, self.padded_vocab_size, bias=False)
         self.value_embeds = nn.ModuleDict({
             str(i): Embedding(self.padded_vocab_size, kv_dim)
             for i in range(config.n_layer) if has_value_embedding(i, config)})
-        if self.shape.smear_backout:
+        if self.recipe.smear_backout:
             # 2026-07's trunk scalars, outside every wiring: the smear of the previous token's
             # embedding into x0, and the backout of the mid-depth state before the final norm.
-            self.smear_gate = self.shape.linear(SMEAR_CHANNELS, 1, bias=False)
+            self.smear_gate = linear_layer(self.recipe)(SMEAR_CHANNELS, 1, bias=False)
             self.smear_lambda = nn.Parameter(torch.empty(1))
             self.backout_lambda = nn.Parameter(torch.empty(1))
         self.connections = connections.build(config)
@@ -460,7 +455,8 @@ class GPT(nn.Module):
         pattern = self.config.window_pattern.upper()
         full = self.config.sequence_len
         # 2026-01: half the context; 2026-07: a quarter, rounded up to FlashAttention-3's tile of 128
-        short = full // 2 if self.config.trunk == trunks.DEFAULT else -(-full // 4 // 128) * 128
+        divisor, tile = self.recipe.short_window_divisor, self.recipe.short_window_tile
+        short = full // divisor if tile is None else -(-full // divisor // tile) * tile
         sizes = [full if pattern[i % len(pattern)] == "L" else short for i in range(self.config.n_layer)]
         sizes[-1] = full  # the last layer always sees the whole context
         return sizes
@@ -468,7 +464,7 @@ class GPT(nn.Module):
     def _rotary_tables(self, length, device=None, dtype=torch.float32):
         """(cos, sin), each (1, length, 1, head_dim / 2), computed in `dtype`: fp32 as nanochat,
         fp64 in an fp64 model (build_model's dtype), whose tables fp32 would round."""
-        base = self.shape.rope_base
+        base = self.recipe.rope_base
         half = self.head_dim // 2
         if torch.empty(0, device=device).is_meta:
             # only shapes on the meta device (init_weights computes the tables after the move):
@@ -484,18 +480,18 @@ class GPT(nn.Module):
         """All real initialization (construction happens on the meta device)."""
         C = self.config.n_embd
         bound = math.sqrt(3.0) / math.sqrt(C)  # uniform with std 1/sqrt(C)
-        modern = self.shape.smear_backout
+        recipe = self.recipe
         # 2026-07 (92d63d4): wte N(0, 0.8), c_fc at 0.4x the bound, value gates U(0, 0.02)
-        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.8 if modern else 1.0)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=recipe.wte_std)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.001)
         for block in self.transformer.h:
             for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -bound, bound)
-            fc_bound = 0.4 * bound if modern else bound
+            fc_bound = recipe.c_fc_bound * bound
             nn.init.uniform_(block.mlp.c_fc.weight, -fc_bound, fc_bound)
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
-        if modern:  # the draws in 92d63d4's order, so that one seed gives its weights
+        if recipe.smear_backout:  # the draws in 92d63d4's order, so that one seed gives its weights
             nn.init.zeros_(self.smear_lambda)
             nn.init.constant_(self.backout_lambda, BACKOUT_INIT)
             nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
@@ -503,10 +499,10 @@ class GPT(nn.Module):
             nn.init.uniform_(ve.weight, -bound, bound)
         for block in self.transformer.h:
             if block.attn.ve_gate is not None:
-                if modern:
-                    nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)  # slightly above neutral
+                if recipe.ve_gate_init is None:
+                    nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init (no draw)
                 else:
-                    nn.init.zeros_(block.attn.ve_gate.weight)  # gate = 1 at init
+                    nn.init.uniform_(block.attn.ve_gate.weight, *recipe.ve_gate_init)
         self.connections.init_weights()
         self.connections.init_sublayers([sub for block in self.transformer.h for sub in (block.attn, block.mlp)])
         self.fill_rotary_tables()
@@ -517,7 +513,7 @@ class GPT(nn.Module):
             for window in sorted({w for w in self.window_sizes if w < T}):
                 sliding_window_block_mask(T, window, self.cos.device)
         device_type = self.transformer.wte.weight.device.type
-        if modern:
+        if not recipe.autocast:
             # 2026-07: the tables in the compute dtype, which the activations then carry without
             # autocast (fp16 keeps them fp32: its gradient scaler cannot unscale fp16 gradients)
             dtype = compute_dtype(device_type)
@@ -567,11 +563,11 @@ class GPT(nn.Module):
     @property
     def smear_dim(self):
         """The width of the embedding a KV cache keeps for the smear (0: no smear)."""
-        return self.config.n_embd if self.shape.smear_backout else 0
+        return self.config.n_embd if self.recipe.smear_backout else 0
 
     def trunk_scalars(self):
         """2026-07's smear gate, smear and backout scalars (none on 2026-01)."""
-        if not self.shape.smear_backout:
+        if not self.recipe.smear_backout:
             return []
         return [self.smear_gate.weight, self.smear_lambda, self.backout_lambda]
 
@@ -618,11 +614,10 @@ class GPT(nn.Module):
         adamw = dict(kind="adamw", eps=1e-10, weight_decay=0.0, **optim.trunk_options(self.config.trunk, "adamw"))
         # 2026-07 (92d63d4 gpt.py setup_optimizer): its own betas and weight decays per group,
         # the value embeddings at half the embedding LR; 2026-01: adam_betas and no decay.
-        modern = self.shape.smear_backout
-        head = dict(betas=(0.8, 0.96), weight_decay=0.01) if modern else dict(betas=adam_betas)
-        table = dict(betas=(0.8, 0.995), weight_decay=0.001) if modern else dict(betas=adam_betas)
-        values = (dict(betas=(0.8, 0.995), weight_decay=0.01, lr=0.5 * embedding_lr * dmodel_scale) if modern
-                  else dict(betas=adam_betas, lr=embedding_lr * dmodel_scale))
+        recipe = self.recipe
+        head, table, values = ({"betas": adam_betas, **recipe.adamw_groups.get(name, {})}
+                               for name in ("lm_head", "wte", "value_embeds"))
+        values["lr"] = recipe.value_embed_lr * embedding_lr * dmodel_scale
         groups = [
             dict(adamw, name="lm_head", params=[self.lm_head.weight], lr=unembedding_lr * dmodel_scale, **head),
             dict(adamw, name="wte", params=[self.transformer.wte.weight], lr=embedding_lr * dmodel_scale, **table),
@@ -632,7 +627,7 @@ class GPT(nn.Module):
         # replicated: the many small connection tensors travel as one flat all-reduce
         groups += [dict(adamw, replicated=True, **g)
                    for g in self.connections.param_groups(hc_lr, scalar_lr, hc_betas, x0_betas)]
-        if modern:  # a fixed LR, not scaled with the batch (92d63d4)
+        if recipe.smear_backout:  # a fixed LR, not scaled with the batch (92d63d4)
             groups.append(dict(adamw, replicated=True, name="trunk_scalars", params=self.trunk_scalars(),
                                lr=TRUNK_SCALAR_LR, betas=(0.8, 0.95)))
         matrices = list(self.transformer.h.parameters())
@@ -678,7 +673,7 @@ class GPT(nn.Module):
         # The stream dtype is decided here, once: the activation dtype (bf16 under autocast, as
         # nanochat's stream), not whatever the embedding and its norm return.
         x0 = norm(self.transformer.wte(idx)).to(self.activation_dtype(idx))
-        if self.shape.smear_backout:
+        if self.recipe.smear_backout:
             x0 = self.smear(x0, kv_cache, padding_mask, t0)
         # Each sub-layer keeps its input RMSNorm, unless the wiring calls it raw where its own
         # math norms elsewhere (SPEC sublayer_prenorm: post-norm, ReZero) or the trunk norms the
@@ -698,7 +693,7 @@ class GPT(nn.Module):
                 return block.mlp(pre(u))
 
             branches += [attn_branch, mlp_branch]
-        if self.shape.smear_backout:
+        if self.recipe.smear_backout:
             x = self.connections(x0, branches, backout=self.backout_lambda)
         else:
             x = self.connections(x0, branches)
@@ -833,7 +828,7 @@ def compiled(model, mode="whole", backend="inductor"):
 def autocast_for(config, device_type, dtype):
     """The context a forward of this config runs in at compute dtype `dtype`: autocast on the
     2026-01 trunk (fp32 needs none), none on 2026-07 (its layers cast their weights)."""
-    if dtype == torch.float32 or config.trunk != trunks.DEFAULT:
+    if dtype == torch.float32 or not config.recipe.autocast:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype)
 

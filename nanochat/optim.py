@@ -41,6 +41,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from nanochat import trunks
 from nanochat.common import compute_dtype
 
 # Polar Express (Amsel, Persson, Musco, Gower, arXiv 2505.16932) coefficients (a, b, c), one
@@ -69,21 +70,11 @@ _COMMON_KEYS = {"params", "kind", "name", "lr", "initial_lr"}
 _ALLOWED = {"adamw": _COMMON_KEYS | {"betas"} | set(_ADAMW_DEFAULTS), "muon": _COMMON_KEYS | set(_MUON_DEFAULTS)}
 
 
-# The group options of each trunk (nanochat/trunks.py): 2026-01 takes the defaults above;
-# 2026-07 is nanochat 92d63d4's step (nanochat/optim.py there: MuonEq lines 138-141, the
-# 1.01 norm factor line 144, Muon+ lines 158-161; Muon's beta2 0.9 in gpt.py setup_optimizer).
-TRUNK_OPTIONS = {
-    "2026-01": {"adamw": {}, "muon": {}},
-    "2026-07": {"adamw": dict(nanochat_order=True),
-                "muon": dict(muoneq=True, muon_plus=True, polar_norm_factor=1.01, beta2=0.9, nanochat_order=True)},
-}
-
-
 def trunk_options(trunk, kind):
-    """The options a group of `kind` ("adamw" or "muon") takes on `trunk`, to merge into it."""
-    if trunk not in TRUNK_OPTIONS:
-        raise ValueError(f"trunk={trunk!r} has no optimizer options; use one of {', '.join(TRUNK_OPTIONS)}")
-    return dict(TRUNK_OPTIONS[trunk][kind])
+    """The options a group of `kind` ("adamw" or "muon") takes on `trunk`, to merge into it: its
+    record's (nanochat/trunks.py `optimizer_options`; 2026-01 takes the defaults above, 2026-07
+    is nanochat 92d63d4's step)."""
+    return dict(trunks.recipe(trunk).optimizer_options[kind])
 
 
 def polar_express(G, ns_steps=5, norm_factor=1.02):

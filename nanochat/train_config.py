@@ -199,7 +199,7 @@ FLAGS = [
 FLAG_NAMES = [name for name, *_ in FLAGS]
 # A setting absent from a run's record (saved before the flag existed) ran at its default, and
 # every such run ran on the 2026-01 trunk: the flags that differ by trunk default to its values.
-FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS} | trunks.FLAG_DEFAULTS[trunks.DEFAULT]
+FLAG_DEFAULTS = {name: default for name, _, default, _ in FLAGS} | trunks.recipe(trunks.DEFAULT).flag_defaults
 
 # Settings that may change between a run and its resumption: they affect logging and
 # evaluation cadence only, never the trajectory of the weights.
@@ -252,7 +252,7 @@ def parse_args(argv=None):
                     raise SystemExit(f"error: {first.config}: bad value for {name}: {e}") from None
         parser.set_defaults(**values)
     args = parser.parse_args(argv)
-    for name, value in trunks.FLAG_DEFAULTS[args.trunk].items():  # what neither the CLI nor the TOML set
+    for name, value in trunks.recipe(args.trunk).flag_defaults.items():  # what neither the CLI nor the TOML set
         if getattr(args, name) is None:
             setattr(args, name, value)
     # The most --device-batch-size auto may choose: the config's own number.
@@ -332,7 +332,7 @@ def horizon_tokens(args, config, vocab_size):
     the flag is off: the ratio cancels but for the int())."""
     ratio = args.target_param_data_ratio
     if ratio <= 0:
-        ratio = trunks.FLAG_DEFAULTS[args.trunk]["target_param_data_ratio"]
+        ratio = trunks.recipe(args.trunk).flag_defaults["target_param_data_ratio"]
     params = scaling_params(config)
     if args.depth == trunks.REFERENCE_DEPTH:
         reference = params

@@ -70,25 +70,25 @@ def lr_multiplier(step, num_iterations, warmup_ratio, warmdown_ratio, final_lr_f
 
 
 def muon_momentum(step, trunk=trunks.DEFAULT, num_iterations=None, warmdown_ratio=0.0):
-    if trunk == trunks.DEFAULT:
-        frac = min(step / 300, 1.0)
-        return (1 - frac) * 0.85 + frac * 0.95
-    # 2026-07: up to 0.97 over 400 steps, held, then down to 0.90 over the LR warmdown
-    warmdown = round(warmdown_ratio * num_iterations)
-    start = num_iterations - warmdown
-    if step < 400:
-        frac = step / 400
-        return (1 - frac) * 0.85 + frac * 0.97
-    if step >= start:
-        progress = (step - start) / warmdown
-        return 0.97 * (1 - progress) + 0.90 * progress
-    return 0.97
+    # the recipe's ramp, held at its peak (2026-01: 0.85 -> 0.95 over 300 steps), or then down
+    # over the LR warmdown (2026-07: 0.85 -> 0.97 over 400 steps, then to 0.90)
+    low, peak, ramp, end = trunks.recipe(trunk).muon_momentum
+    if step < ramp:
+        frac = step / ramp
+        return (1 - frac) * low + frac * peak
+    if end is not None:
+        warmdown = round(warmdown_ratio * num_iterations)
+        start = num_iterations - warmdown
+        if step >= start:
+            progress = (step - start) / warmdown
+            return peak * (1 - progress) + end * progress
+    return peak
 
 
 def muon_weight_decay(step, num_iterations, weight_decay, trunk=trunks.DEFAULT):
-    if trunk == trunks.DEFAULT:
+    if trunks.recipe(trunk).muon_decay == "linear":
         return weight_decay * (1 - step / num_iterations)
-    return weight_decay * 0.5 * (1 + math.cos(math.pi * step / num_iterations))  # 2026-07: cosine to 0
+    return weight_decay * 0.5 * (1 + math.cos(math.pi * step / num_iterations))  # cosine to 0
 
 
 # ----------------------------------------------------------------------------- set-up helpers
@@ -413,7 +413,8 @@ def main(argv=None):
     accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
     num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
     batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
-    horizons = horizon_tokens(args, config, vocab_size) if args.trunk != trunks.DEFAULT else None
+    horizons = (horizon_tokens(args, config, vocab_size)
+                if trunks.recipe(args.trunk).weight_decay_scaling == "horizon" else None)
     weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size,
                                               horizons)
     decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if horizons is None else
@@ -466,7 +467,7 @@ def main(argv=None):
         scalar_lr=args.scalar_lr * batch_lr_scale, x0_betas=(args.x0_beta1, 0.95))
     optimizer = build_optimizer(groups, info.world_size)
     # 2026-07 packs rows as nanochat 92d63d4's loader does (a tokenizer batch per refill)
-    batch_refill = args.trunk == trunks.MODERN
+    batch_refill = trunks.recipe(args.trunk).batch_refill
     order_seed = args.data_seed if args.data_seed >= 0 else None
     loader_state = None
     if resume_meta is not None:

@@ -26,7 +26,7 @@ import sys
 import pytest
 import torch
 
-from nanochat import gpt
+from nanochat import trunks
 from nanochat.gpt import GPTConfig, build_model
 from nanochat.optim import build_optimizer
 
@@ -114,10 +114,10 @@ def test_logits_loss_and_gradients_are_upstreams():
 def test_a_formula_changed_by_one_fp32_ulp_is_caught(monkeypatch, field):
     """The tolerance hides rounding, not formulas: the QK scale 1.2 or the rotary base 100000
     moved to the next fp32 number (1.2000002, 100000.0078) moves the logits past RTOL."""
-    shape = gpt.TRUNK_SHAPES["2026-07"]
-    value = torch.tensor(getattr(shape, field), dtype=torch.float32)
+    recipe = trunks.RECIPES["2026-07"]
+    value = torch.tensor(getattr(recipe, field), dtype=torch.float32)
     nudged = torch.nextafter(value, torch.tensor(float("inf"))).item()
-    monkeypatch.setitem(gpt.TRUNK_SHAPES, "2026-07", dataclasses.replace(shape, **{field: nudged}))
+    monkeypatch.setitem(trunks.RECIPES, "2026-07", dataclasses.replace(recipe, **{field: nudged}))
     deviation, _ = mismatch(logits_of(with_golden_weights()), GOLDEN["logits"])
     assert deviation > 10 * RTOL, deviation
 

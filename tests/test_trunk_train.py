@@ -3,10 +3,13 @@ bitwise, the log names the trunk, a resume on the other trunk is refused with on
 its rules that set the run's size (automatic batch, weight decay, schedules) as nanochat 92d63d4
 states them."""
 
+import ast
 import json
 import math
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +105,23 @@ def test_the_trunks_defaults_and_an_explicit_flag():
     for name, value in trunks.FLAG_DEFAULTS["2026-07"].items():
         assert getattr(new, name) == value, name
     assert parse_args(["--trunk", "2026-07", "--warmdown-ratio", "0.3"]).warmdown_ratio == 0.3
+
+
+def test_what_a_trunk_does_is_read_from_its_record_only():
+    """Every value that differs by trunk is a field of its record (nanochat/trunks.py), and each
+    record sets the same flags: no other module compares a trunk's name to a literal."""
+    assert len({frozenset(r.flag_defaults) for r in trunks.RECIPES.values()}) == 1
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in [*(root / "nanochat").rglob("*.py"), *(root / "scripts").rglob("*.py")]:
+        if path.name == "trunks.py" and path.parent.name == "nanochat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"\d{4}-\d{2}", n.value)
+                    for n in (node.left, *node.comparators)):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, found
 
 
 @pytest.mark.slow

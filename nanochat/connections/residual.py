@@ -8,7 +8,8 @@ l_x0 = 0 (the paper's appendix; nanochat's own pin used 0.1).
 On the 2026-07 trunk (nanochat 92d63d4, gpt.py init_weights) the two start per block instead:
 l_resid[i] = 1.15 - 0.10 i/(L-1), l_x0[i] = 0.20 - 0.15 i/(L-1) (more of the stream and of the
 embedding early, less deep), and l_resid trains with weight decay 0.05 (toward 0, where the
-stream's scale is free to shrink).
+stream's scale is free to shrink): the trunk's record (nanochat/trunks.py `residual_starts`,
+`resid_weight_decay`) holds both.
 
 The two scalars train as nanochat trains them (4d8dbaf, nanochat/gpt.py setup_optimizer):
 in separate AdamW groups, x0 at `scalar_lr` (0.5) and resid at `scalar_lr * 0.01` (0.005,
@@ -24,7 +25,6 @@ from nanochat.connections.diagnostics import config_params, record_layer
 from nanochat.connections.frame import ConnectionLayer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
-MODERN_RESID_DECAY = 0.05  # l_resid's AdamW weight decay on the 2026-07 trunk (92d63d4)
 SPEC = dict(
     label="Residual",
     description="one stream; before each block x = l_resid * x + l_x0 * x0, then x + F(x) per sub-layer",
@@ -39,12 +39,13 @@ SPEC = dict(
 )
 
 
-def start_values(block, n_layer, trunk):
-    """(l_resid, l_x0) at init for block `block`: the paper's 1 and 0, or 2026-07's per-layer ramps."""
-    if trunk == trunks.DEFAULT:
-        return 1.0, 0.0
+def start_values(block, n_layer, starts):
+    """(l_resid, l_x0) at init for block `block`, from a recipe's `residual_starts`
+    ((a, b), (c, e)): a - b d and c - e d at depth d = block/(L-1) (the paper's 1 and 0, or
+    2026-07's per-layer ramps)."""
+    (resid, resid_drop), (x0, x0_drop) = starts
     depth = block / max(n_layer - 1, 1)
-    return 1.15 - 0.10 * depth, 0.20 - 0.15 * depth
+    return resid - resid_drop * depth, x0 - x0_drop * depth
 
 
 class ResidualLayer(ConnectionLayer):
@@ -100,9 +101,9 @@ def resolve(cfg):
 
 
 def make_layers(cfg):
-    decay = 0.0 if cfg.trunk == trunks.DEFAULT else MODERN_RESID_DECAY
-    return [ResidualLayer(block_start=(j % 2 == 0), start=start_values(j // 2, cfg.n_layer, cfg.trunk),
-                          resid_decay=decay) for j in range(2 * cfg.n_layer)]
+    recipe = trunks.recipe(cfg.trunk)
+    return [ResidualLayer(block_start=(j % 2 == 0), start=start_values(j // 2, cfg.n_layer, recipe.residual_starts),
+                          resid_decay=recipe.resid_weight_decay) for j in range(2 * cfg.n_layer)]
 
 
 def param_groups(layers, lrs):

@@ -26,11 +26,10 @@ def _variant_line(config):
 
 
 def _trunk_line(config):
-    """Which nanochat recipe the model follows; on 2026-07, what its backout subtracts."""
-    if config.trunk == trunks.DEFAULT:
-        return f"`{config.trunk}` (nanochat 4d8dbaf, the KromHC paper's)"
-    return (f"`{config.trunk}` (nanochat 92d63d4: smear, backout, ...); the backout subtracts "
-            f"{connections.spec(config.hc).backout}")
+    """Which nanochat recipe the model follows; with a backout (2026-07), what it subtracts."""
+    recipe = trunks.recipe(config.trunk)
+    line = f"`{config.trunk}` ({recipe.summary})"
+    return f"{line}; the backout subtracts {connections.spec(config.hc).backout}" if recipe.smear_backout else line
 
 
 def without_other_wirings(config_toml, hc):
