@@ -7,8 +7,9 @@
     docs/kernels.json                                `python -m scripts.kernel_check --json`:
         every compiled stream kernel and the bandwidth its bytes in flight allow per GPU
 
-Read by `hc_kernels = auto` (`step_ratios`), the plan (`read`, `rows`: a gpu_check file, the
-committed one or the user's) and the traffic model (`residual_step`, `kernels`). The records of
+Read by `hc_kernels = auto` (`step_ratios`, `on_gpu`), the plan (`read`, `device`, `model_rows`,
+`kernel_rows`: a gpu_check file, the committed one or the user's; also a run's summary.json) and
+the traffic model (`residual_step`, `kernels`). The records of
 scripts.bench --traffic (docs/traffic.json) and scripts.bench_seams (docs/bench_seams.json) are
 kept as the measurements docs/ cites; no code reads them.
 
@@ -29,11 +30,11 @@ GPU_CHECK = REPO / GPU_CHECKS[0]  # the plan's committed measurement; the traffi
 KERNELS = REPO / "docs" / "kernels.json"
 
 
-def read(path, root=REPO):
-    """A JSON file's content (path relative to root, or absolute), or None where it is absent or
-    not JSON."""
+def read(path, root=None):
+    """A JSON file's content (path relative to root where one is given), or None where it is
+    absent or not JSON."""
     try:
-        return json.loads((Path(root) / path).read_text())
+        return json.loads((Path(path) if root is None else Path(root) / path).read_text())
     except (OSError, ValueError):
         return None
 

@@ -20,7 +20,7 @@ where --gpu-name names the GPU that made docs/gpu_check.json (as nvidia-smi name
 as the README does: "H200"), that measurement; else a measured relative's (the same wiring at
 another depth, or a member of its family, on the same --hc-kernels backend), marked "≈ ... from";
 else another variant's at the same depth, or for a GPU named by --gpu-name whose peak is known an
-assumed MFU (--mfu), marked "assumed"; see nanochat/planning/plan.py.
+assumed MFU (--mfu), marked "assumed"; see nanochat/planning/throughput.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
 A config takes its trunk's defaults for what it leaves out (nanochat/trunks.py); --trunk 2026-07
 trains every run on that trunk, under its tag with the suffix _t2607 (nanochat.planning.plan.on_trunk).

@@ -120,5 +120,5 @@ def test_the_committed_measurements_are_read_in_one_place():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 assert not any(node.value.endswith(name) for name in committed), (path, node.value)
-    assert measurements.read("docs/gpu_check.json")["env"]["device_name"]
+    assert measurements.read(measurements.GPU_CHECK)["env"]["device_name"]
     assert measurements.kernels() and measurements.step_ratios()
