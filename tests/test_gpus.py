@@ -64,7 +64,7 @@ WRONG_IN_FLIGHT = {
     "NVIDIA H100 PCIe": (2.0e12, 114, 90),  # "H100" in its name: an H100 SXM's 3.35 TB/s and 132 SMs
     "NVIDIA H100 NVL": (3.9e12, 132, 90),  # likewise: the NVL's HBM3 runs at 3.9 TB/s
     "NVIDIA A100-SXM4-40GB": (1.555e12, 108, 80),  # the 80 GB A100's 2.0 TB/s; the 40 GB one has 1.555
-    "NVIDIA A100-PCIE-40GB": (1.555e12, 108, 80),
+    "NVIDIA A100-PCIE-40GB": (1.555e12, 108, 80), "A100 40GB": (1.555e12, 108, 80),
     "NVIDIA GH200 480GB": (None, None, 90),  # "H200" in "GH200": an H200's figures
     "NVIDIA RTX A1000": None,  # "A100" in "A1000"
 }
