@@ -513,7 +513,7 @@ def static_bytes(config, world_size, cuda=True):
 def code_fingerprint():
     """A digest of the code a trace depends on (the model, its connections, its float8 layers, this
     module): an estimate that an older version of them cached is not read back after an update."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nanochat/
     digest = hashlib.sha256()
     for path in [os.path.join(root, "gpt.py"), os.path.join(root, "fp8.py"), os.path.abspath(__file__),
                  *sorted(glob.glob(os.path.join(root, "connections", "**", "*.py"), recursive=True))]:
