@@ -1,6 +1,6 @@
 """Process-level plumbing shared by every module: device and dtype choice, torchrun-aware
 distributed init and teardown (with the failure watchdog), rank-0 printing and console
-tables, the base directory, seeding, and the peak-FLOPs table used for MFU."""
+tables, the base directory, seeding, and the device's peak FLOP/s for MFU (nanochat/gpus.py)."""
 
 import os
 import random
@@ -11,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from nanochat import gpus
 from nanochat.cluster import watchdog
 
 logger = logging.getLogger("nanochat")
@@ -148,15 +149,6 @@ def peak_memory_mib(device):
     return rss_kib / 1024
 
 
-# Dense bf16 peak FLOP/s of GPUs we know, for MFU and the plan's estimates (NVIDIA's data sheets of
-# each GPU, the dense figure, not the "with sparsity" one; more specific names first).
-_PEAK_FLOPS = [
-    ("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
-    ("B200", 2250e12), ("GH200", 989e12), ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12),
-    ("RTX PRO 6000", 503.8e12), ("RTX 6000 Ada", 364.2e12), ("4090", 165.2e12), ("3090", 71e12), ("A10G", 70e12),
-]
-
-
 def device_name(device):
     """The accelerator's model name (CUDA), else the CPU's: wall-clock comparisons between runs
     hold only on the same name and count."""
@@ -173,17 +165,8 @@ def device_name(device):
     return platform.processor() or platform.machine() or device.type
 
 
-def peak_flops_for(name):
-    """Peak bf16 FLOP/s of a GPU by its name (torch's or nvidia-smi's, or as written by hand:
-    case aside), or inf when unknown."""
-    for key, flops in _PEAK_FLOPS:
-        if key.lower() in name.lower():
-            return flops
-    return float("inf")
-
-
 def get_peak_flops(device):
     """Peak bf16 FLOP/s of the device, or inf when unknown (MFU then reads 0)."""
     if device.type != "cuda":
         return float("inf")
-    return peak_flops_for(torch.cuda.get_device_name(device))
+    return gpus.peak_flops(torch.cuda.get_device_name(device))

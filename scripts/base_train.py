@@ -46,7 +46,7 @@ from nanochat.common import (compute_cleanup, compute_dtype, compute_init, devic
                              get_peak_flops, peak_memory_mib, print0)
 from nanochat.fp8 import check_device as check_fp8_device, convert as convert_fp8, disabled  # noqa: E402
 from nanochat.gpt import attention_backend, autocast_for, build_model, compiled  # noqa: E402
-from nanochat.planning.plan import format_duration  # noqa: E402
+from nanochat.report.format import format_duration  # noqa: E402
 from nanochat.train_config import (AUTO, FLAG_DEFAULTS, RESUMABLE_CHANGES, dumps_toml, horizon_tokens,  # noqa: E402
                                    resolve_total_batch,
                                    model_config_for, num_iterations_for, parse_args, settings)

@@ -66,7 +66,7 @@ def workload(variant, backend, pre):
 
 def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
     """A row's step predicted with each Triton kernel's bytes moved at what its bytes in flight
-    allow on `device` (record: traffic.kernels_record), and which kernels that slows or the
+    allow on `device` (record: measurements.kernels), and which kernels that slows or the
     record lacks."""
     from nanochat.planning import traffic
     allowed = traffic.allowed_bandwidths(record, workload(row["variant"], row["kernels"], pre), device)
@@ -78,10 +78,11 @@ def in_flight_prediction(row, record, pre, step_ms, device, bandwidth, unit):
 
 def run_traffic(args):
     interpreter_on()
+    from nanochat import measurements
     from nanochat.planning import traffic
-    step_ms, device = traffic.residual_step()
+    step_ms, device = measurements.residual_step(depth=traffic.D12["n_layer"])
     bandwidth = traffic.bandwidth(device)
-    record = traffic.kernels_record()
+    record = measurements.kernels()
     if record is None:
         print("no docs/kernels.json (python -m scripts.kernel_check --json docs/kernels.json): the predictions "
               "leave out the bytes in flight", flush=True)

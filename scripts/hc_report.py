@@ -270,7 +270,7 @@ def dead_table(depth=12, n=paper.PAPER_STREAMS):
 
 
 def print_params(args):
-    from nanochat.planning.plan import family_hint
+    from nanochat.planning.throughput import family_hint
     for hint in filter(None, map(family_hint, connections.VARIANTS)):
         print(hint, end="\n\n")
     print(model_size_table(), end="\n\n")

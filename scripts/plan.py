@@ -20,7 +20,7 @@ where --gpu-name names the GPU that made docs/gpu_check.json (as nvidia-smi name
 as the README does: "H200"), that measurement; else a measured relative's (the same wiring at
 another depth, or a member of its family, on the same --hc-kernels backend), marked "≈ ... from";
 else another variant's at the same depth, or for a GPU named by --gpu-name whose peak is known an
-assumed MFU (--mfu), marked "assumed"; see nanochat/planning/plan.py.
+assumed MFU (--mfu), marked "assumed"; see nanochat/planning/throughput.py.
 --memory adds each run's estimated peak memory per rank and device batch on that GPU.
 A config takes its trunk's defaults for what it leaves out (nanochat/trunks.py); --trunk 2026-07
 trains every run on that trunk, under its tag with the suffix _t2607 (nanochat.planning.plan.on_trunk).
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from nanochat import trunks
-from nanochat.planning import plan
+from nanochat.planning import plan, sizing, throughput
 from nanochat.cli import fraction, positive_float, positive_int, run
 
 
@@ -73,8 +73,8 @@ def parse_args(argv=None):
     parser.add_argument("--gpu-name", default="",
                         help="the GPU's name (nvidia-smi's): where nothing was measured, its peak bf16 FLOP/s at "
                              "--mfu prices the runs, labelled as an assumption")
-    parser.add_argument("--mfu", type=fraction(), default=plan.ASSUMED_MFU,
-                        help=f"the MFU assumed with --gpu-name (default {plan.ASSUMED_MFU})")
+    parser.add_argument("--mfu", type=fraction(), default=throughput.ASSUMED_MFU,
+                        help=f"the MFU assumed with --gpu-name (default {throughput.ASSUMED_MFU})")
     parser.add_argument("--memory", action="store_true",
                         help="also the estimated peak memory per rank and the device batch of each run on the GPU "
                              "of --gpu-name (nanochat/planning/memory.py; traces cached under <base dir>/memory); a run that "
@@ -148,11 +148,11 @@ def main(argv=None):
     gpu_check = Path(args.gpu_check) if args.gpu_check else base / "gpu_check.json"
     # only the device the plan is for prices it: the CPU demo's runs (--unit CPU), or the GPU named
     device = "cpu" if args.unit.lower().startswith("cpu") else "cuda"
-    measured = (plan.measured_from_runs(runs_root, args.gpu_name, device)
-                + (plan.read_gpu_check(gpu_check, gpu_name=args.gpu_name) if gpu_check.is_file() and device == "cuda"
+    measured = (throughput.measured_from_runs(runs_root, args.gpu_name, device)
+                + (throughput.read_gpu_check(gpu_check, gpu_name=args.gpu_name) if gpu_check.is_file() and device == "cuda"
                    else [])
-                + plan.committed_measurement(args.gpu_name))
-    assumption = plan.assumption_for(args.gpu_name, args.mfu)
+                + throughput.committed_measurement(args.gpu_name))
+    assumption = throughput.assumption_for(args.gpu_name, args.mfu)
     if args.tsv:
         Path(args.tsv).write_text("".join("\t".join([r.config, r.tag, "train" if r.train_only else "all", *r.flags])
                                           + "\n" for r in runs))
@@ -169,11 +169,11 @@ def main(argv=None):
         print(plan.progress_line(runs, args.progress, measured, args.nproc, assumption))
     else:
         if args.gpu_name and assumption is None:
-            print(f"plan: no peak FLOP/s known for GPU {args.gpu_name!r} (nanochat/common.py's table); "
+            print(f"plan: no peak FLOP/s known for GPU {args.gpu_name!r} (nanochat/gpus.py's table); "
                   "runs without a measurement cannot be priced")
-        memory = plan.memory_for(args.gpu_name, args.auto_batch) if args.memory else None
+        memory = sizing.memory_for(args.gpu_name, args.auto_batch) if args.memory else None
         print(plan.plan_table(runs, measured, args.nproc, args.unit, assumption, memory))
-        refusal = memory and memory.bytes and plan.refused(runs, args.nproc, memory)
+        refusal = memory and memory.bytes and sizing.refused(runs, args.nproc, memory)
         if refusal:
             sys.exit(refusal)
 

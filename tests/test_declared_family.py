@@ -16,7 +16,7 @@ import torch
 
 from nanochat import connections
 from nanochat.planning import kernel_aot
-from nanochat.planning import plan
+from nanochat.planning import plan, throughput
 from nanochat.cli import run
 from nanochat.connections.spec import SpecError
 from nanochat.gpt import GPTConfig, build_model
@@ -194,6 +194,6 @@ def test_a_member_of_the_family_that_does_not_say_so_is_told_it_could(monkeypatc
     config = tmp_path / "loose.toml"
     config.write_text('model_tag = "loose"\nhc = "loose_hc"\ndepth = 2\nnum_iterations = 10\n'
                       'total_batch_size = 1024\nvocab_size = 512\n')
-    text = plan.plan_table(plan.plan_runs([str(config)]), [], 1, assumption=plan.assumption_for("H100"))
+    text = plan.plan_table(plan.plan_runs([str(config)]), [], 1, assumption=throughput.assumption_for("H100"))
     assert [line for line in text.splitlines() if "declares no family" in line] == [lines[0]]
-    assert plan.family_hint(STATIC) is None and plan.family_hint("frac") is None and plan.family_hint("gated") is None
+    assert throughput.family_hint(STATIC) is None and throughput.family_hint("frac") is None and throughput.family_hint("gated") is None

@@ -1,7 +1,8 @@
 """Imports go one way (docs/architecture.md, "Where each job lives"): read from the source, a
 top-level module or package of nanochat at a time, the imports among them form no cycle (a
 lower floor that imports a higher one closes one); nothing of nanochat imports a script; and
-the connections import nothing of the project but `common` and `flags` (an export carries them)."""
+the connections import nothing of the project but `common`, `flags` and the leaf modules
+`trunks`, `gpus` and `measurements` (an export carries what the model imports)."""
 
 import ast
 from pathlib import Path
@@ -73,12 +74,16 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_nothing_imports_a_script_and_the_connections_import_only_common_flags_and_trunks():
-    """trunks.py: the trunk names a config carries (a leaf module: it imports no other)."""
+    """trunks.py: the trunk names a config carries; gpus.py: the GPU table (common's MFU reads it,
+    so an export carries it); measurements.py: the committed measurements `auto` (backends/)
+    chooses by. Leaf modules: they import no other (measurements, gpus alone)."""
     assert not [n for n in imports(NANOCHAT / "trunks.py") if n.startswith("nanochat")]
+    assert not [n for n in imports(NANOCHAT / "gpus.py") if n.startswith("nanochat")]
+    assert {n for n in imports(NANOCHAT / "measurements.py") if n.startswith("nanochat")} == {"nanochat.gpus"}
     for path in NANOCHAT.rglob("*.py"):
         names = imports(path)
         assert not [n for n in names if n == "scripts" or n.startswith("scripts.")], path
-        if path.parent.name == "connections":
+        if path.relative_to(NANOCHAT).parts[0] == "connections":
             outside = {unit(n) for n in names if n.startswith("nanochat.")} - {"connections", "common", "flags",
-                                                                                 "trunks"}
+                                                                                 "trunks", "gpus", "measurements"}
             assert not outside, (path, outside)

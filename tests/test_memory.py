@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nanochat import gpus
 from nanochat.planning import memory
 from nanochat.planning import memory_check as check
 from nanochat.connections import VARIANTS
@@ -216,14 +217,14 @@ def test_out_of_memory_names_the_next_smaller_batch(tmp_path):
 
 
 def test_gpu_memory_by_name():
-    assert memory.gpu_memory_gib("NVIDIA A100-SXM4-40GB") == 40
-    assert memory.gpu_memory_gib("NVIDIA A100-SXM4-80GB") == 80
-    assert memory.gpu_memory_gib("NVIDIA H100 80GB HBM3") == 80
-    assert memory.gpu_memory_gib("NVIDIA H100 NVL") == 94
-    assert memory.gpu_memory_gib("NVIDIA H200") == 141
-    assert memory.gpu_memory_gib("NVIDIA L40S") == 48
-    assert memory.gpu_memory_gib("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 96
-    assert memory.gpu_memory_gib("Quadro K600") is None
+    assert gpus.memory_gib("NVIDIA A100-SXM4-40GB") == 40
+    assert gpus.memory_gib("NVIDIA A100-SXM4-80GB") == 80
+    assert gpus.memory_gib("NVIDIA H100 80GB HBM3") == 80
+    assert gpus.memory_gib("NVIDIA H100 NVL") == 94
+    assert gpus.memory_gib("NVIDIA H200") == 141
+    assert gpus.memory_gib("NVIDIA L40S") == 48
+    assert gpus.memory_gib("NVIDIA RTX PRO 6000 Blackwell Server Edition") == 96
+    assert gpus.memory_gib("Quadro K600") is None
 
 
 def test_gpu_check_reports_the_estimate_where_it_measures():

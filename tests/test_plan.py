@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from nanochat.planning import plan
+from nanochat import gpus, measurements
+from nanochat.planning import plan, sizing, throughput
+from nanochat.report import format as report_format
 from scripts import plan as plan_cli
 
 
@@ -59,11 +61,11 @@ def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
     d6 = write_config(tmp_path, "d6", hc="residual", depth=6)  # no relative of it measured
     root = tmp_path / "runs"
     finish(root, "a", "mhc", 12, 8000.0, world_size=8)  # 1000 tokens/s per GPU
-    measured = plan.measured_from_runs(root)
+    measured = throughput.measured_from_runs(root)
     runs = plan.plan_runs([a, k, d6], seeds=2, runs_root=root)
     # a_s1: 100 steps x 1000 tokens on 4 GPUs at 1000 tokens/s each.
     assert plan.seconds_left(runs[3], measured, nproc=4) == pytest.approx(100 * 1000 / 4000)
-    assert plan.find_throughput(runs[1], measured)[1] == "≈"  # KromHC priced from mHC's run: marked ≈
+    assert throughput.find_throughput(runs[1], measured)[1] == "≈"  # KromHC priced from mHC's run: marked ≈
     assert plan.seconds_left(runs[2], measured, 4) is None  # nothing measured at D=6
     text = plan.plan_table(runs, measured, nproc=4)
     assert "cannot estimate d6, d6_s1" in text and "finished" in text
@@ -79,13 +81,13 @@ def test_gpu_hours_from_finished_runs_and_gpu_check(tmp_path):
              dict(entry, depth="six"),  # malformed: skipped
              "not an entry"]
     check.write_text(json.dumps({"profile": "gpu", "model": model}))
-    from_check = plan.read_gpu_check(check)
+    from_check = throughput.read_gpu_check(check)
     assert [(m.variant, m.depth, m.per_gpu) for m in from_check] == [("kromhc", 6, 3000.0), ("mhc", 12, 500.0)]
     assert plan.seconds_left(runs[2], from_check, 1) == pytest.approx(100 * 1000 / 3000)
     check.write_text(json.dumps({"profile": "tiny", "model": model}))  # CPU toy sizes: no estimate
-    assert plan.read_gpu_check(check) == []
+    assert throughput.read_gpu_check(check) == []
     check.write_text("[not json")
-    assert plan.read_gpu_check(check) == []
+    assert throughput.read_gpu_check(check) == []
 
 
 def test_gpu_check_kernel_rows_price_their_own_backend(tmp_path):
@@ -101,14 +103,14 @@ def test_gpu_check_kernel_rows_price_their_own_backend(tmp_path):
             dict(run="model D12", variant="kromhc", kernels="liger"),  # failed: no rate, skipped
             dict(run="layer", variant="kromhc", kernels="torch", tokens_per_s=9e9)]  # one layer: not a model
     check.write_text(json.dumps({"profile": "gpu", "kernels": {"rows": rows}}))
-    measured = plan.read_gpu_check(check)
+    measured = throughput.read_gpu_check(check)
     assert [(m.variant, m.depth, m.n, m.kernels) for m in measured] == [("residual", 12, 1, "torch"),
                                                                         ("kromhc", 12, 4, "fused")]
-    assert plan.find_throughput(runs[1], measured) == (measured[1], "measured")
+    assert throughput.find_throughput(runs[1], measured) == (measured[1], "measured")
     # the torch run: no torch measurement of its family, so residual's, marked as assumed
-    assert plan.find_throughput(runs[0], measured) == (measured[0], "another")
-    assert plan.rate_cell(measured[0], "another", runs[0]) == "assumed 4.00K as residual (gpu_check.json)"
-    assert plan.find_throughput(runs[2], measured) == (measured[0], "measured")
+    assert throughput.find_throughput(runs[0], measured) == (measured[0], "another")
+    assert throughput.rate_cell(measured[0], "another", runs[0]) == "assumed 4.00K as residual (gpu_check.json)"
+    assert throughput.find_throughput(runs[2], measured) == (measured[0], "measured")
 
 
 def test_the_committed_measurement_prices_its_runs_and_their_family_on_its_gpu(tmp_path, capsys):
@@ -118,21 +120,21 @@ def test_the_committed_measurement_prices_its_runs_and_their_family_on_its_gpu(t
     rows = [dict(run="model D12", variant="residual", kernels="torch", tokens_per_s=4000.0),
             dict(run="model D12", variant="kromhc", kernels="torch", tokens_per_s=2000.0)]
     check.write_text(json.dumps({"profile": "gpu", "env": {"device_name": "NVIDIA H200"}, "kernels": {"rows": rows}}))
-    assert plan.committed_measurement("NVIDIA H100 80GB HBM3", check) == []  # another GPU's numbers: none
-    measured = plan.committed_measurement("nvidia h200", check)
+    assert throughput.committed_measurement("NVIDIA H100 80GB HBM3", check) == []  # another GPU's numbers: none
+    measured = throughput.committed_measurement("nvidia h200", check)
     assert {m.source for m in measured} == {"docs/gpu_check.json, NVIDIA H200"}
     runs = plan.plan_runs([k, m], seeds=1)
-    assumption = plan.assumption_for("NVIDIA H200")
-    assert plan.find_throughput(runs[0], measured, assumption) == (measured[1], "measured")
+    assumption = throughput.assumption_for("NVIDIA H200")
+    assert throughput.find_throughput(runs[0], measured, assumption) == (measured[1], "measured")
     # mHC, not measured: from KromHC's, its family's member on its backend, never residual's
-    assert plan.find_throughput(runs[1], measured, assumption) == (measured[1], "≈")
+    assert throughput.find_throughput(runs[1], measured, assumption) == (measured[1], "≈")
     text = plan.plan_table(runs, measured, 8, assumption=assumption)
     assert "measured in docs/gpu_check.json, NVIDIA H200: kromhc D12, residual D12" in text
     assert "≈ 2.00K from kromhc (docs/gpu_check.json, NVIDIA H200)" in text
     assert "assumed" not in text.splitlines()[0]
     # the committed file itself was measured on a GPU and names it
-    committed = json.loads(plan.COMMITTED_GPU_CHECK.read_text())
-    assert plan.committed_measurement(committed["env"]["device_name"])
+    committed = json.loads(measurements.GPU_CHECK.read_text())
+    assert throughput.committed_measurement(committed["env"]["device_name"])
 
 
 def test_cli_writes_the_run_list_and_refuses_bad_input(tmp_path, capsys):
@@ -154,7 +156,7 @@ def test_cli_writes_the_run_list_and_refuses_bad_input(tmp_path, capsys):
 
 
 def test_format_duration():
-    assert [plan.format_duration(s) for s in (5, 754, 4 * 3600 + 300, None)] == ["5s", "12m34s", "4h05m", "—"]
+    assert [report_format.format_duration(s) for s in (5, 754, 4 * 3600 + 300, None)] == ["5s", "12m34s", "4h05m", "—"]
 
 
 def test_ladder_and_isoflop_runs_are_derived_from_their_configs(tmp_path):
@@ -178,7 +180,7 @@ def test_ladder_and_isoflop_runs_are_derived_from_their_configs(tmp_path):
     args = parse_args(["--config", r, "--depth", "4"])
     with torch.device("meta"):
         model = GPT(model_config_for(args, 512))
-    plan.resolve(ladder[1])
+    sizing.resolve(ladder[1])
     assert ladder[1].steps == int(20 * model.num_scaling_params()) // 1000
     assert ladder[1].flops_per_token == model.estimate_flops()
     assert ladder[1].flops == ladder[1].steps * 1000 * model.estimate_flops()
@@ -189,7 +191,7 @@ def test_ladder_and_isoflop_runs_are_derived_from_their_configs(tmp_path):
     assert grid[3].train_only and grid[3].flags[4:8] == ["--target-flops", "65000000000.0",
                                                          "--target-param-data-ratio", "-1.0"]
     for run in grid:  # every run of a budget spends it, to one step
-        plan.resolve(run)
+        sizing.resolve(run)
         assert abs(run.flops - float(run.flags[5])) <= run.flops_per_token * run.batch / 2
     with pytest.raises(ValueError, match="share the run directory ladder_d2_kromhc"):
         plan.plan_runs(plan.ladder_specs([k, k], [2], ratio=20))
@@ -200,23 +202,23 @@ def test_gpu_hours_from_an_assumed_mfu_where_nothing_was_measured(tmp_path):
     (0.4 x 989e12) GPU-seconds, labelled as an assumption; a measurement wins over it."""
     k = write_config(tmp_path, "d12_kromhc", hc="kromhc", vocab_size=512, max_seq_len=64, head_dim=32)
     runs = plan.plan_runs(plan.ladder_specs([k], [2, 4], ratio=20), runs_root=tmp_path / "runs")
-    h100 = plan.assumption_for("NVIDIA H100 80GB HBM3")
+    h100 = throughput.assumption_for("NVIDIA H100 80GB HBM3")
     assert (h100.peak, h100.mfu) == (989e12, 0.4)
-    assert plan.assumption_for("Some Future GPU") is None and plan.assumption_for("") is None
-    gpu_seconds = [plan.resolve(r).flops / (0.4 * 989e12) for r in runs]
+    assert throughput.assumption_for("Some Future GPU") is None and throughput.assumption_for("") is None
+    gpu_seconds = [sizing.resolve(r).flops / (0.4 * 989e12) for r in runs]
     assert plan.seconds_left(runs[0], [], 8, h100) == pytest.approx(gpu_seconds[0] / 8)
     text = plan.plan_table(runs, [], 8, assumption=h100)
     assert text.splitlines()[0] == (f"2 of 2 runs to train, on 8 x GPU: about {sum(gpu_seconds) / 3600:.2f} "
-                                    f"GPU-hours, {plan.format_duration(sum(gpu_seconds) / 8)} of training "
+                                    f"GPU-hours, {report_format.format_duration(sum(gpu_seconds) / 8)} of training "
                                     "(assumed, see below)")
     assert "assumed: 40% MFU of the NVIDIA H100 80GB HBM3's peak bf16 989 TFLOP/s" in text
     assert "cannot" not in text
-    measured = [plan.Throughput("kromhc", 2, 4, 1000.0, "run x")]
-    assert plan.find_throughput(runs[0], measured, h100)[1] == "measured"
+    measured = [throughput.Throughput("kromhc", 2, 4, 1000.0, "run x")]
+    assert throughput.find_throughput(runs[0], measured, h100)[1] == "measured"
     # D=4 from the D=2 run, its tokens/s scaled by the FLOPs per token at D=2 over at D=4
-    rate, kind = plan.find_throughput(runs[1], measured, h100)
+    rate, kind = throughput.find_throughput(runs[1], measured, h100)
     assert kind == "≈" and rate.per_gpu == pytest.approx(1000.0 * runs[0].flops_per_token / runs[1].flops_per_token)
-    assert "≈ " + plan.format_count(rate.per_gpu) + " from kromhc D2 (run x)" in plan.plan_table(
+    assert "≈ " + report_format.format_count(rate.per_gpu) + " from kromhc D2 (run x)" in plan.plan_table(
         runs, measured, 8, assumption=h100)
     line = plan.progress_line(runs, 1, [], 8, h100)
     assert line.startswith("run 1 of 2: ladder_d2_kromhc; training left for the mode: ") and "assumed MFU" in line
@@ -256,21 +258,21 @@ def test_memory_per_rank_and_the_device_batch_on_a_named_gpu(tmp_path, capsys, m
     config = model_config_from_depth(2, 512, 64, aspect_ratio=32, head_dim=32, hc="kromhc")
     est = {b: memory.estimate(config, b, 2, 1024 // (b * 64 * 2), compile=False) for b in (8, 4)}
     room = (est[8].needed + est[4].needed) // 2
-    fit = plan.fit(run, 2, room, auto=True)
+    fit = sizing.fit(run, 2, room, auto=True)
     assert (fit.batch, fit.estimate.peak) == (4, est[4].peak)
-    assert plan.memory_cells(fit) == (f"{est[4].peak / memory.GIB:.1f} GiB", "4 (auto)")
-    assert plan.memory_cells(plan.fit(run, 2, room, auto=False))[1] == "8 (too big)"  # the config's, told
-    table = plan.plan_table([run], [], 2, memory=plan.Memory("Test GPU", room, True))
+    assert sizing.memory_cells(fit) == (f"{est[4].peak / memory.GIB:.1f} GiB", "4 (auto)")
+    assert sizing.memory_cells(sizing.fit(run, 2, room, auto=False))[1] == "8 (too big)"  # the config's, told
+    table = plan.plan_table([run], [], 2, memory=sizing.Memory("Test GPU", room, True))
     assert "peak per rank" in table and "4 (auto)" in table and "the Test GPU's" in table
-    assert plan.refused([run], 2, plan.Memory("Test GPU", room, True)) is None
-    tiny = plan.Memory("Tiny GPU", 1024, True)
-    assert plan.fit(run, 2, 1024, auto=True).batch is None
-    assert plan.refused([run], 2, tiny).startswith("error: k cannot fit on the Tiny GPU")
+    assert sizing.refused([run], 2, sizing.Memory("Test GPU", room, True)) is None
+    tiny = sizing.Memory("Tiny GPU", 1024, True)
+    assert sizing.fit(run, 2, 1024, auto=True).batch is None
+    assert sizing.refused([run], 2, tiny).startswith("error: k cannot fit on the Tiny GPU")
 
     common = ["--configs", k, "--nproc", "2", "--runs-root", str(tmp_path / "runs"), "--gpu-check", "x", "--memory"]
     plan_cli.main([*common, "--auto-batch", "--gpu-name", "NVIDIA A100-SXM4-40GB"])
     assert "8 (auto)" in capsys.readouterr().out  # 40 GiB holds the tiny model's batch of 8
-    monkeypatch.setattr(memory, "GPU_MEMORY_GIB", [(("Tiny",), 1e-6)])
+    monkeypatch.setattr(gpus, "GPUS", (gpus.GPU("Tiny", memory_gib=1e-6),))
     with pytest.raises(SystemExit, match="^error: k cannot fit on the Tiny GPU .* even at device batch 1"):
         plan_cli.main([*common, "--auto-batch", "--gpu-name", "Tiny GPU"])
 
@@ -288,7 +290,7 @@ def test_memory_per_rank_and_the_device_batch_on_a_named_gpu(tmp_path, capsys, m
     ("RTX PRO 6000", "NVIDIA RTX 6000 Ada Generation", False), ("", "NVIDIA H200", False),
 ])
 def test_gpu_names_as_the_readme_writes_them(name, device, same):
-    assert plan.same_gpu(name, device) is same
+    assert gpus.same_gpu(name, device) is same
 
 
 def test_the_committed_measurement_answers_the_readmes_short_names(tmp_path):
@@ -296,13 +298,13 @@ def test_the_committed_measurement_answers_the_readmes_short_names(tmp_path):
     rows = [dict(run="model D12", variant="kromhc", kernels="torch", tokens_per_s=2000.0)]
     check.write_text(json.dumps({"profile": "gpu", "env": {"device_name": "NVIDIA H200"}, "kernels": {"rows": rows}}))
     for name in ("H200", "h200", "NVIDIA-H200"):
-        assert [m.source for m in plan.committed_measurement(name, check)] == ["docs/gpu_check.json, NVIDIA H200"]
+        assert [m.source for m in throughput.committed_measurement(name, check)] == ["docs/gpu_check.json, NVIDIA H200"]
     for name in ("H100", "H200 NVL", "GH200"):
-        assert plan.committed_measurement(name, check) == []
+        assert throughput.committed_measurement(name, check) == []
     # the same names, in any case, have the GPU's peak and memory for what nothing measured
     from nanochat.planning.memory import GIB
-    assert plan.assumption_for("h200").peak == plan.assumption_for("NVIDIA H200").peak == 989e12
-    assert plan.memory_for("a100 40GB", auto=True).bytes == 40 * GIB
+    assert throughput.assumption_for("h200").peak == throughput.assumption_for("NVIDIA H200").peak == 989e12
+    assert sizing.memory_for("a100 40GB", auto=True).bytes == 40 * GIB
 
 
 def test_an_unmeasured_wiring_is_priced_from_its_measured_family_on_its_backend(tmp_path, monkeypatch):
@@ -318,33 +320,33 @@ def test_an_unmeasured_wiring_is_priced_from_its_measured_family_on_its_backend(
         write_config(tmp_path, "mhc_d4", hc="mhc", depth=4, **small)])
     committed = "docs/gpu_check.json, GPU"
     residual, krom_d4, krom_d2, mhc_fused = measured = [
-        plan.Throughput("residual", 2, 1, 9000.0, committed, exact_only=True),
-        plan.Throughput("kromhc", 4, 4, 3000.0, committed, exact_only=True),
-        plan.Throughput("kromhc", 2, 4, 2000.0, committed, exact_only=True),
-        plan.Throughput("mhc", 2, 4, 1500.0, committed, kernels="fused", exact_only=True)]
-    h100 = plan.assumption_for("H100")
-    assert plan.find_throughput(mhc, measured, h100) == (krom_d2, "≈")  # the same depth first
-    assert plan.find_throughput(mhc_d4, measured, h100) == (krom_d4, "≈")
-    assert plan.find_throughput(hc_fused, measured, h100) == (mhc_fused, "≈")  # its backend's
-    assert plan.find_throughput(prenorm, measured, h100)[1] == "assumed"
+        throughput.Throughput("residual", 2, 1, 9000.0, committed, exact_only=True),
+        throughput.Throughput("kromhc", 4, 4, 3000.0, committed, exact_only=True),
+        throughput.Throughput("kromhc", 2, 4, 2000.0, committed, exact_only=True),
+        throughput.Throughput("mhc", 2, 4, 1500.0, committed, kernels="fused", exact_only=True)]
+    h100 = throughput.assumption_for("H100")
+    assert throughput.find_throughput(mhc, measured, h100) == (krom_d2, "≈")  # the same depth first
+    assert throughput.find_throughput(mhc_d4, measured, h100) == (krom_d4, "≈")
+    assert throughput.find_throughput(hc_fused, measured, h100) == (mhc_fused, "≈")  # its backend's
+    assert throughput.find_throughput(prenorm, measured, h100)[1] == "assumed"
     text = plan.plan_table(runs, measured, 8, assumption=h100)
     assert "≈ 2.00K from kromhc (docs/gpu_check.json, GPU)" in text and "≈ 1.50K from mhc" in text
     assert "(partly assumed, see below)" in text.splitlines()[0]
 
     # only D=2 measured: D=4 from it, scaled by mHC's FLOPs per token at D=2 over at D=4
-    rate, kind = plan.find_throughput(mhc_d4, [krom_d2], h100)
+    rate, kind = throughput.find_throughput(mhc_d4, [krom_d2], h100)
     assert kind == "≈" and (rate.variant, rate.depth) == ("kromhc", 2)
-    assert rate.per_gpu == pytest.approx(2000.0 * plan.resolve(mhc).flops_per_token / mhc_d4.flops_per_token)
-    assert plan.rate_cell(rate, kind, mhc_d4).startswith(f"≈ {plan.format_count(rate.per_gpu)} from kromhc D2 (")
+    assert rate.per_gpu == pytest.approx(2000.0 * sizing.resolve(mhc).flops_per_token / mhc_d4.flops_per_token)
+    assert throughput.rate_cell(rate, kind, mhc_d4).startswith(f"≈ {report_format.format_count(rate.per_gpu)} from kromhc D2 (")
 
     # no family measured: a run directory's residual number prices it as before, said to be assumed
-    run_dir = plan.Throughput("residual", 2, 1, 9000.0, "run r")
-    assert plan.find_throughput(mhc, [run_dir], h100) == (run_dir, "another")
+    run_dir = throughput.Throughput("residual", 2, 1, 9000.0, "run r")
+    assert throughput.find_throughput(mhc, [run_dir], h100) == (run_dir, "another")
     assert "assumed 9.00K as residual (run r)" in plan.plan_table([mhc], [run_dir], 8, assumption=h100)
 
     # the family is the wiring's declaration: without one, KromHC's number is not mHC's
-    monkeypatch.setattr(plan, "family_of", lambda variant: None)
-    assert plan.find_throughput(mhc, measured, h100)[1] == "assumed"
+    monkeypatch.setattr(throughput, "family_of", lambda variant: None)
+    assert throughput.find_throughput(mhc, measured, h100)[1] == "assumed"
 
 
 def test_frontier_baselines_come_from_the_registry(tmp_path, monkeypatch, capsys):
@@ -386,9 +388,9 @@ def test_only_measurements_on_the_named_gpu_price_a_run(tmp_path, capsys):
     root = tmp_path / "runs"
     finish(root, "try_laurel", "laurel", 2, 51.04453641602367, device="cpu", device_name="AMD EPYC 7B13")
     finish(root, "h100", "laurel", 12, 9e5, device_name="NVIDIA H100 80GB HBM3")
-    assert [m.source for m in plan.measured_from_runs(root, "H200")] == []
-    assert [m.source for m in plan.measured_from_runs(root)] == ["run h100 on NVIDIA H100 80GB HBM3"]
-    assert [m.per_gpu for m in plan.measured_from_runs(root, device="cpu")] == [51.04453641602367]
+    assert [m.source for m in throughput.measured_from_runs(root, "H200")] == []
+    assert [m.source for m in throughput.measured_from_runs(root)] == ["run h100 on NVIDIA H100 80GB HBM3"]
+    assert [m.per_gpu for m in throughput.measured_from_runs(root, device="cpu")] == [51.04453641602367]
     argv = ["--configs", config, "--runs-root", str(root), "--gpu-check", str(tmp_path / "none.json")]
     plan_cli.main([*argv, "--gpu-name", "H200"])
     out = capsys.readouterr().out
@@ -405,9 +407,9 @@ def test_only_measurements_on_the_named_gpu_price_a_run(tmp_path, capsys):
 
 
 def test_small_rates_are_formatted_and_another_n_is_said_to_be_unscaled(tmp_path):
-    assert [plan.format_count(v) for v in (51.04453641602367, 0.5, 512, 2500.0)] == ["51", "0.5", "512", "2.50K"]
+    assert [report_format.format_count(v) for v in (51.04453641602367, 0.5, 512, 2500.0)] == ["51", "0.5", "512", "2.50K"]
     run = plan.plan_runs([write_config(tmp_path, "k8", hc="kromhc", hc_streams=8)])[0]
-    measured = plan.Throughput("mhc", 12, 4, 2000.0, "gpu_check.json")
-    assert plan.find_throughput(run, [measured])[1] == "≈"
-    assert plan.rate_cell(measured, "≈", run) == "≈ 2.00K from mhc n=4, taken as measured (gpu_check.json)"
-    assert "taken as measured, not scaled" in plan.LEGEND
+    measured = throughput.Throughput("mhc", 12, 4, 2000.0, "gpu_check.json")
+    assert throughput.find_throughput(run, [measured])[1] == "≈"
+    assert throughput.rate_cell(measured, "≈", run) == "≈ 2.00K from mhc n=4, taken as measured (gpu_check.json)"
+    assert "taken as measured, not scaled" in throughput.LEGEND

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from nanochat import trunks
-from nanochat.planning import plan
+from nanochat.planning import plan, sizing
 from nanochat.train_config import model_config_for, parse_args, scaling_params
 from scripts import plan as plan_cli
 
@@ -25,7 +25,7 @@ def test_a_2026_07_config_is_priced_with_its_auto_batch_and_its_horizon(tmp_path
     config = write_config(tmp_path, "t", trunk="2026-07", hc="residual", **TINY)
     run = plan.plan_runs([config])[0]
     assert (run.trunk, run.corpus, run.batch, run.steps, run.tokens) == ("2026-07", "climbmix", None, None, None)
-    plan.resolve(run)
+    sizing.resolve(run)
     # nanochat 92d63d4's rule, written out: 2^19 x (N / N at depth 12)^0.383 to a power of two,
     # and the trunk's 12 tokens per scaling parameter.
     args = parse_args(["--config", config])
@@ -45,7 +45,7 @@ def test_trunk_moves_a_paper_config_to_that_trunks_defaults_under_its_own_tag():
     assert (run.tag, run.trunk, run.batch, run.steps) == ("paper_d12_kromhc_t2607", "2026-07", None, None)
     # base_train, given the run's flags over the paper's TOML (which pins 2026-01's values),
     # trains with every default of 2026-07 and the trunk's data:param horizon
-    args = plan._train_args(plan._shape_key(run))
+    args = sizing._train_args(sizing._shape_key(run))
     for name, value in trunks.FLAG_DEFAULTS["2026-07"].items():
         assert getattr(args, name) == value, name
     assert (args.trunk, args.num_iterations, args.target_flops) == ("2026-07", -1, -1.0)
@@ -53,7 +53,7 @@ def test_trunk_moves_a_paper_config_to_that_trunks_defaults_under_its_own_tag():
     # a ladder's run keeps its own horizon
     ladder = plan.on_trunk(plan.ladder_specs(["configs/paper/d12_kromhc.toml"], [6], 20)[0], "2026-07")
     run = plan.plan_runs([ladder], seeds=2)[1]
-    args = plan._train_args(plan._shape_key(run))
+    args = sizing._train_args(sizing._shape_key(run))
     assert run.tag == "ladder_d6_kromhc_t2607_s1"
     assert (args.trunk, args.depth, args.target_param_data_ratio, args.total_batch_size) == ("2026-07", 6, 20.0, "auto")
 

@@ -250,8 +250,8 @@ def test_frontier_trains_the_runs_its_runs_are_read_against(tmp_path):
 def test_the_plan_for_a_gpu_named_as_the_readme_names_it(tmp_path):
     """PLAN_GPU=H200 (the README's name; nvidia-smi says "NVIDIA H200") prices the runs the
     committed measurement made from it, and their unmeasured family members from KromHC's."""
-    from nanochat.planning import plan
-    device = json.loads(plan.COMMITTED_GPU_CHECK.read_text())["env"]["device_name"]
+    from nanochat import measurements
+    device = json.loads(measurements.GPU_CHECK.read_text())["env"]["device_name"]
     out, _ = dry_run(tmp_path, "paper-d12", PLAN_GPU=device.removeprefix("NVIDIA ").lower())
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("paper_d12_")}
     source = f"(docs/gpu_check.json, {device})"

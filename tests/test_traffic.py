@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from nanochat import measurements
 from nanochat.planning import traffic
 
 triton = pytest.importorskip("triton", reason="needs the kernels extra: pip install -e '.[kernels]'")
@@ -189,14 +190,14 @@ def test_the_residual_step_comes_from_either_section_of_a_gpu_check(tmp_path):
     path.write_text(json.dumps({"env": env, "model": [
         {"label": "residual (full causal)", "depth": 12, "median_ms": 1.0},
         {"label": "residual", "depth": 6, "median_ms": 2.0}, {"label": "residual", "depth": 12, "median_ms": 114.4}]}))
-    assert traffic.residual_step(str(path)) == (114.4, "NVIDIA H200")
+    assert measurements.residual_step(str(path)) == (114.4, "NVIDIA H200")
     path.write_text(json.dumps({"env": env, "kernels": {"rows": [
         {"run": "layer", "variant": "residual", "median_ms": 1.0},
         {"run": "model D12", "variant": "kromhc", "median_ms": 181.9},
         {"run": "model D12", "variant": "residual", "median_ms": 115.2}]}}))
-    assert traffic.residual_step(str(path)) == (115.2, "NVIDIA H200")
+    assert measurements.residual_step(str(path)) == (115.2, "NVIDIA H200")
     # the committed measurement has one
-    ms, device = traffic.residual_step()
+    ms, device = measurements.residual_step()
     assert ms > 0 and device.startswith("NVIDIA")
 
 

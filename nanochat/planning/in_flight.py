@@ -23,25 +23,15 @@ import dataclasses
 import math
 import re
 
+from nanochat.gpus import A100, GPU, H100, H200
+
 # DRAM latency under load, one number for every GPU here: ~0.7 us, our assumption (unloaded
 # pointer-chasing measures less on Hopper, queueing at high bandwidth adds to it); at 4.8 TB/s
 # over 132 SMs it asks ~25 KB in flight per SM (docs/kernels.md, "Bytes in flight").
 LATENCY_S = 700e-9
 
-
-@dataclasses.dataclass(frozen=True)
-class GPU:
-    name: str
-    cc: int  # compute capability, as kernel_aot.TARGETS
-    bandwidth: float  # bytes/s, the datasheet's peak
-    sms: int
-
-
-# NVIDIA's datasheets: A100 SXM 80 GB 2.0 TB/s (HBM2e), 108 SMs; H100 SXM 3.35 TB/s (HBM3) and
-# H200 SXM 4.8 TB/s (HBM3e), 132 SMs each.
-A100 = GPU("A100", 80, 2.0e12, 108)
-H100 = GPU("H100", 90, 3.35e12, 132)
-H200 = GPU("H200", 90, 4.8e12, 132)
+# The GPUs the check knows (nanochat/gpus.py: bandwidth, SMs, compute capability): those a
+# stream kernel's binary runs on, whose estimates docs/kernels.json records by name.
 GPUS = (A100, H100, H200)
 # The check's GPU per target: the slowest memory that target's binary runs on (the smallest need)
 CHECKED = {80: A100, 90: H100}
@@ -198,11 +188,6 @@ def streaming_loads(ptx, num_warps, num_stages=1):
 
 
 # ----- against the need -----
-
-def gpu_named(device_name):
-    """The GPU of GPUS whose name a device's name holds ("NVIDIA H200" -> H200), or None."""
-    return next((g for g in GPUS if g.name in device_name), None)
-
 
 def need_per_sm(gpu, latency=LATENCY_S):
     """Bytes in flight per SM that streaming at `gpu`'s bandwidth needs (Little's law)."""

@@ -71,29 +71,12 @@ GIB = 2**30
 MARGIN_FRACTION = 0.10
 MARGIN_GIB = 2.0
 
-# GPU memory by name (nvidia-smi's or torch's), from NVIDIA's data sheets (the H100, H200, A100,
-# L40S and RTX PRO 6000 Blackwell product pages); HBM and GDDR sizes are binary (an "80GB"
-# H100 reports 79.2 GiB to torch, the rest reserved; the margin covers it). All keys must occur
-# in the name; more specific entries first.
-GPU_MEMORY_GIB = [
-    (("H200",), 141), (("H100", "NVL"), 94), (("H100",), 80), (("A100", "40GB"), 40), (("A100",), 80),
-    (("L40S",), 48), (("RTX PRO 6000",), 96),
-]
-
 # CUDA's autocast kernels that CPU's lacks are in three families: the lower-precision ones
 # (matmuls, convolutions, RNN cells, fused attention), the promoting ones (named below), and
 # the fp32 ones, which are all the rest (autocast_mode.cpp's fp32 and fp32_set_opt_dtype lists).
 _LOWER_PRECISION = ("conv", "mm", "mv", "dot", "matmul", "linear", "bilinear", "einsum", "tensordot", "cell",
                     "attention", "addr", "multi_dot")
 _PROMOTE = ("atan2", "cross", "addcdiv", "addcmul", "index_put", "scatter_add")
-
-
-def gpu_memory_gib(name):
-    """A GPU's memory by name (case aside), or None when the table does not know it."""
-    for keys, gib in GPU_MEMORY_GIB:
-        if all(k.lower() in name.lower() for k in keys):
-            return gib
-    return None
 
 
 @dataclass(frozen=True)

@@ -24,21 +24,20 @@ after the projection, backward's second pass); the loads it issues are counted t
 
 The floor (docs/kernels.md): at D=12 plain residual moves about 8C per token and sub-layer,
 an ideal fused HC layer about 29C (C = 768 values of 2 bytes). The prediction: the residual
-baseline's measured step (docs/gpu_check.json) plus the extra bytes at 80 % of the GPU's
+baseline's measured step (docs/gpu_check.json, nanochat.measurements.residual_step) plus the extra bytes at 80 % of the GPU's
 bandwidth.
 """
 
 import contextlib
 import functools
-import json
 import math
 import operator
-import os
 
 import numpy as np
 import torch
 from torch import nn
 
+from nanochat import gpus
 from nanochat.planning import memory
 
 D12 = dict(n_layer=12, C=768, n=4, tokens=32 * 2048)
@@ -419,43 +418,18 @@ def connection_bytes(fields, kernels):
 
 
 def bandwidth(device_name):
-    """DRAM bandwidth in bytes/s of the GPU a device's name names (nanochat/planning/in_flight.py's
-    datasheet peaks, the same the bytes-in-flight estimate holds kernels to), or None."""
-    from nanochat.planning import in_flight
-    gpu = in_flight.gpu_named(device_name)
+    """DRAM bandwidth in bytes/s of the GPU a device's name names (nanochat/gpus.py's data sheet
+    peaks, the same the bytes-in-flight estimate holds kernels to), or None."""
+    gpu = gpus.lookup(device_name)
     return gpu.bandwidth if gpu else None
-
-
-def residual_step(path=None):
-    """(ms, device name) of the residual baseline's D=12 step in a gpu_check result."""
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
-                                "gpu_check.json")
-    with open(path) as f:
-        result = json.load(f)
-    # its model section's row, or its kernels section's whole-model baseline
-    rows = [r for r in result.get("model") or [] if r["label"] == "residual" and r["depth"] == D12["n_layer"]]
-    rows += [r for r in (result.get("kernels") or {}).get("rows", []) if r.get("run") == f"model D{D12['n_layer']}"
-             and r["variant"] == "residual" and "median_ms" in r]
-    return rows[0]["median_ms"], result["env"]["device_name"]
-
-
-def kernels_record(path=None):
-    """The kernels of a `scripts.kernel_check --json` run (docs/kernels.json), or None where
-    there is none."""
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "kernels.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)["kernels"]
 
 
 def allowed_bandwidths(record, workload, device_name):
     """{"name|what": bytes/s} that each compiled kernel's bytes in flight allow on the GPU named
-    `device_name` (nanochat/planning/in_flight.py), from `record` (kernels_record): the kernels `workload`
+    `device_name` (nanochat/planning/in_flight.py), from `record` (measurements.kernels): the kernels `workload`
     launches (kernel_aot's labels: "kromhc", "kromhc split", ...), and after them any other
     kernel of the same name and seam, at its least where several were compiled."""
-    from nanochat.planning import in_flight
-    gpu = in_flight.gpu_named(device_name)
+    gpu = gpus.lookup(device_name)
     out = {}
     for own in (True, False):
         found = {}

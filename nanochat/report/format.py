@@ -1,5 +1,8 @@
 """Markdown cells and tables of the report: a dash for a value no run file holds, n/a for one
-the method does not have."""
+the method does not have; and the numbers the plan and the training log print (durations,
+counts, FLOPs)."""
+
+import math
 
 from nanochat.studies.stats import summarize
 
@@ -55,3 +58,29 @@ def fmt_diff(d, spec=".3f"):
     if not d.known:
         return f"{d.mean:+{spec}} [interval unknown: 1 seed]"
     return f"{d.mean:+{spec}} [{d.low:+{spec}}, {d.high:+{spec}}] (n={d.n})"
+
+
+def format_duration(seconds):
+    """4h05m, 12m30s or 45s; a dash when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def format_count(value):
+    """1.25B, 3.40M, 2.00K, and below a thousand three significant digits (51.0, 0.5)."""
+    if value is None:
+        return "—"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}"
+    return f"{value:.3g}"
+
+
+def format_flops(value):
+    return "—" if value is None else f"{value:.2e}"

@@ -3,7 +3,8 @@
 A backend is chosen only where the project's committed measurements (docs/gpu_check*.json,
 written by `python -m scripts.gpu_check`: the D=12 step of each variant and backend as a
 multiple of the residual baseline's, timed in one process on one GPU) have timed it against
-the `torch` path for the same variant on a GPU of the same name: then the faster one. Anywhere
+the `torch` path for the same variant on the same GPU (nanochat/measurements.py reads them,
+nanochat/gpus.py's `same_gpu` tells the GPU): then the faster one. Anywhere
 else (another GPU, a variant or backend nothing measured, the files absent in an installed
 copy) it is `torch`, the path every test holds the others to, and the run says so in one line.
 A backend that cannot run here (not installed, or not declared by the wiring) is never chosen.
@@ -13,14 +14,9 @@ residual's step where an H200 measured 1.58x (docs/kernels.md); only a GPU knows
 """
 
 import dataclasses
-import json
-import os
 from typing import NamedTuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-# The committed measurements: scripts.gpu_check's output, one file per GPU session.
-MEASUREMENTS = ("docs/gpu_check.json", "docs/gpu_check_fused.json")
-
+from nanochat import measurements
 
 # A stream path: a backend, and for the fused seams their design (fused.DESIGNS): what a
 # measurement names in its "kernels" column and what `auto` chooses among.
@@ -38,32 +34,17 @@ class Choice(NamedTuple):
     note: str  # the one line a run logs
 
 
-def measured_steps(paths=None, root=ROOT):
+def measured_steps(paths=None, root=measurements.REPO):
     """{(device name, variant, backend): the fastest step measured, x residual's}, over every
-    measurement file (absent or unreadable files give nothing)."""
-    found = {}
-    for path in paths or MEASUREMENTS:
-        try:
-            with open(os.path.join(root, path)) as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue
-        device = record.get("env", {}).get("device_name")
-        for row in record.get("kernels", {}).get("rows", []):
-            ratio = row.get("time_vs_residual")
-            if not device or not ratio or row.get("variant") in (None, "residual"):
-                continue
-            key = (device, row["variant"], row.get("kernels", "torch"))
-            found[key] = min(ratio, found.get(key, ratio))
-    return found
+    measurement file (absent or unreadable files give nothing): measurements.step_ratios."""
+    return measurements.step_ratios(paths or measurements.GPU_CHECKS, root)
 
 
 def choose(variant, device_name, runnable, steps=None):
     """The backend for `variant` on the GPU `device_name` (None: no GPU) among `runnable` (the
     backends that can run it here, "torch" among them), and the line saying why."""
     steps = measured_steps() if steps is None else steps
-    here = {backend: steps[(device_name, variant, backend)] for backend in runnable
-            if (device_name, variant, backend) in steps}
+    here = measurements.on_gpu(steps, device_name, variant, runnable)
     if device_name is None:
         return Choice("torch", "hc_kernels auto: torch (the kernel backends run on CUDA only)")
     if "torch" not in here or len(here) < 2:
@@ -98,8 +79,7 @@ def choose_design(variant, device_name, steps=None):
     GPU `device_name` when the backend is given and the design is not: the faster of the two
     where both were measured there, else the one-pass design, and the line saying why."""
     steps = measured_steps() if steps is None else steps
-    here = {path: steps[(device_name, variant, path)] for path in ("fused", "fused-split")
-            if (device_name, variant, path) in steps}
+    here = measurements.on_gpu(steps, device_name, variant, ("fused", "fused-split"))
     if len(here) < 2:
         return Choice("fused", f"hc_seam auto: onepass, as no GPU measurement compares the two designs for {variant} "
                                f"on {device_name or 'this device'}")
