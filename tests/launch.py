@@ -43,14 +43,28 @@ _server_env = None
 _paths = {}
 
 
+# The server's environment is the test process's without what conftest.py sets for the kernel
+# tests that run in the test process itself (Triton's interpreter): the commands the tests start
+# run as a user's do, without it (tests/test_train_e2e.py env_for), so that is what most of them
+# share with the server.
+SERVER_WITHOUT = ("TRITON_INTERPRET",)
+
+
 def _forkserver():
     """The forkserver context, its server started (lazily, once per test process) with this
-    process's environment at that time."""
+    process's environment at that time, less SERVER_WITHOUT."""
     global _context, _server_env
     if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
-        _server_env = _import_time_env(os.environ)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        kept = {name: os.environ.pop(name) for name in SERVER_WITHOUT if name in os.environ}
+        try:
+            from multiprocessing import forkserver
+            forkserver.ensure_running()
+            _server_env = _import_time_env(os.environ)
+        finally:
+            os.environ.update(kept)
+        _context = context
     return _context
 
 
