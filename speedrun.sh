@@ -224,7 +224,7 @@ fi
 lm_eval_ready
 TRAIN_ARGS=()
 [ "$CORE" = 1 ] || TRAIN_ARGS=(--core-metric-every -1)
-# On GPUs each run's device batch is the largest that fits (README.md, "Will it fit?").
+# On GPUs each run's device batch is the largest that fits (docs/memory.md, "Will it fit?").
 [ "$MODE" = cpu ] || TRAIN_ARGS+=(--device-batch-size auto)
 EVALS="bpb,sample"
 [ "$CORE" = 1 ] && EVALS="core,$EVALS"

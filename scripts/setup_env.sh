@@ -16,15 +16,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The torch the project is pinned to and tested with; TORCH_VERSION=X.Y.Z installs another one
-# (the declared floor in pyproject.toml is tested too: scripts/test.sh, README "On a fresh machine").
+# (the declared floor in pyproject.toml is tested too: scripts/test.sh, docs/tests.md "Supported torch, the CUDA side, the kernels").
 PINNED_TORCH=2.13.0
 TORCH_VERSION="${TORCH_VERSION:-$PINNED_TORCH}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 # TORCH_BUILD: cuda | cpu | auto (the default: cuda where nvidia-smi sees a GPU, else cpu).
-# TORCH_BUILD=cuda on a machine without a GPU is for the CUDA dry run (README "On a fresh
-# machine"): PyPI's build of torch, whose CUDA libraries run on a CPU too (several GB).
+# TORCH_BUILD=cuda on a machine without a GPU is for the CUDA dry run (docs/tests.md "Supported torch, the CUDA side, the
+# kernels"): PyPI's build of torch, whose CUDA libraries run on a CPU too (several GB).
 TORCH_BUILD="${TORCH_BUILD:-auto}"
 case "$TORCH_BUILD" in
     auto) if has_gpu; then TORCH_BUILD=cuda; else TORCH_BUILD=cpu; fi ;;

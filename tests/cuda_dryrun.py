@@ -6,7 +6,7 @@ Two stand-ins, each as close to the real thing as a CPU allows:
   (`torch.autocast("cuda")` disables itself when no GPU is visible). The dtype rules differ
   from the CPU's (CUDA runs pow, sum, softmax and, from torch 2.12, rms_norm in fp32), which
   is why the dry run exists. Slicing a fake CUDA tensor needs a CUDA build of torch (PyPI's
-  wheels run on a CPU); on a `+cpu` build these tests skip (README "On a fresh machine": the
+  wheels run on a CPU); on a `+cpu` build these tests skip (docs/tests.md "Supported torch, the CUDA side, the kernels": the
   CI runs them on the CUDA builds). The autograd engine refuses a backward on fake CUDA
   tensors without a device, so what backward depends on is read off the forward: the tensors
   saved for it.

@@ -1,7 +1,7 @@
 """The CUDA dry run: the model, inference and the optimizer on fake CUDA tensors under
 CUDA's own autocast rules (tests/cuda_dryrun.py). Skipped on a `+cpu` build of torch; the CI
 runs this file on CUDA builds of the pin, of the GPU machines' torch and of the floor
-(README "On a fresh machine").
+(docs/tests.md "Supported torch, the CUDA side, the kernels").
 
 What it holds: on every torch, every variant's stream between layers, into the reduce and
 out of it is the activation dtype (bf16), whatever rms_norm's autocast rule (fp32 on CUDA

@@ -1,4 +1,4 @@
-"""Every citation of a section of the project's own pages (`README "On a fresh machine"`,
+"""Every citation of a section of the project's own pages (`README "Two commands"`,
 `docs/connections.md, "Adding a wiring"`) in the code, the tests, the configs and the pages
 themselves names a heading that exists: a page that changes its headings cannot leave a
 pointer to nowhere. And the commands docs/connections.md gives to try a new wiring run as
