@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from nanochat import trunks
-from nanochat.connections.diagnostics import config_params, record_layer
-from nanochat.connections.frame import ConnectionLayer
+from nanochat.connections import ConnectionLayer, config_params, record_layer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
 MODERN_RESID_DECAY = 0.05  # l_resid's AdamW weight decay on the 2026-07 trunk (92d63d4)
