@@ -128,7 +128,7 @@ FLAGS = [
      "kernel for the mix and the projection's partial sums, one for the coefficients, one for the read, each with a "
      "tiling of its own: docs/kernels.md) | auto (the one a GPU of this name measured faster for the variant, "
      "docs/gpu_measured.md; onepass where nothing is measured); the same function either way"),
-    # options of every HC variant beyond the paper (nanochat/connections/frame.py, hc.py)
+    # options of every HC variant beyond the paper (nanochat/connections/frame.py, hc_layer.py)
     ("hc_expand", choice("copy", "lss"), "copy",
      "how x0 becomes the streams: copy (the paper) | lss (Learned Stream Scaling, arXiv 2606.03483: a learned "
      "(n, C) scale per stream, trained at --hc-lr without weight decay, where its source decays it by 0.1)"),

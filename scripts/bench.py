@@ -92,7 +92,7 @@ from torch import nn
 from nanochat import connections
 from nanochat.cli import int_at_least, nonneg_int, positive_even_int, positive_int, run
 from nanochat.common import device_name, single_gpu_device, synchronize, text_table
-from nanochat.connections.hc import PRES
+from nanochat.connections.hc_layer import PRES
 from nanochat.connections.backends import auto
 from nanochat.connections.backends.ops import KERNELS
 from nanochat.gpt import COMPILE_MODES, GPTConfig, build_model, compiled

@@ -37,8 +37,8 @@ from nanochat import connections
 from nanochat.cli import choice, existing_dir, int_at_least, nonneg_int, positive_int, run
 from nanochat.common import text_table
 from nanochat.connections import liveness
-from nanochat.connections.diagnostics import (attnres_read_params, collect_hc_stats, frac_layer_params,
-                                              hc_layer_params, model_hc_params, trunk_params)
+from nanochat.connections.diagnostics import (attnres_read_params, collect_hc_stats, frac_layer_params, frame_params,
+                                              hc_layer_params, model_hc_params)
 from nanochat.connections.mhc_lite import MAX_STREAMS as MHC_LITE_MAX_STREAMS
 from nanochat.report import paper
 from nanochat.report.format import fmt
@@ -105,8 +105,8 @@ def options_table():
                                      for _, o in options)]
             for v in family_variants()]
     return (f"Options beyond the paper (D = {depth}, C = {C}, n = {n}): connection parameters of the model.\n"
-            f"LSS adds n*C = {trunk_params(n, C, expand='lss'):,} (one (n, C) scale at expansion); the learned head "
-            f"n*n*C + n + 1 = {trunk_params(n, C, reduce='learned'):,};\ndelayed pre-weights add none (each layer's "
+            f"LSS adds n*C = {frame_params(n, C, expand='lss'):,} (one (n, C) scale at expansion); the learned head "
+            f"n*n*C + n + 1 = {frame_params(n, C, reduce='learned'):,};\ndelayed pre-weights add none (each layer's "
             f"pre columns serve the next layer; the last layer's fold the final state); - : an option the\n"
             f"variant does not take (SPEC options).\n\n"
             + text_table(["variant", *(name for name, _ in options)], rows))

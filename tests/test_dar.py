@@ -15,7 +15,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, fp64_trunk, prenorm_logits, random_branches, tiny,
+                           assert_train_flag_error, fp64_frame, prenorm_logits, random_branches, tiny,
                            tiny_config, tokens, with_moved_body)
 
 SOURCES = ("full", "block", "block_partial")
@@ -66,7 +66,7 @@ def test_gates_start_as_the_release_states():
 
 def first_branch_input(source, gate):
     """What the first sub-layer receives, with every connection parameter moved off its init."""
-    conn, x0 = fp64_trunk("dar", seed=3, dar_source=source, dar_gate=gate)
+    conn, x0 = fp64_frame("dar", seed=3, dar_source=source, dar_gate=gate)
     seen = []
 
     def record(u):
@@ -138,7 +138,7 @@ def transcription(conn, x0, branches, source, gate):
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("source", SOURCES)
 def test_matches_a_transcription_of_the_sources(source, gate):
-    conn, x0 = fp64_trunk("dar", seed=9, n_layer=3, dar_source=source, dar_gate=gate)
+    conn, x0 = fp64_frame("dar", seed=9, n_layer=3, dar_source=source, dar_gate=gate)
     branches = random_branches(6, 32)
     torch.testing.assert_close(conn(x0, branches), transcription(conn, x0, branches, source, gate),
                                atol=1e-6, rtol=1e-6)  # our norm's epsilon

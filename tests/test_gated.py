@@ -13,7 +13,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
+                           assert_train_flag_error, fp64_frame, random_branches, tiny, tiny_config, tokens)
 
 
 def reference_read(read, X):
@@ -27,7 +27,7 @@ def reference_read(read, X):
 
 def test_matches_the_releases_update():
     """Every sub-layer: X_j + w_j F(u), w = 2 sigmoid(W_inj vec(xhat) / n); then the mixer's u."""
-    conn, X0 = fp64_trunk("gated", seed=6, n_embd=8, hc_streams=3, gated_rank=2)
+    conn, X0 = fp64_frame("gated", seed=6, n_embd=8, hc_streams=3, gated_rank=2)
     branches = random_branches(4, 8)
     X = X0[..., None, :].expand(2, 3, 3, 8)
     for layer, f in zip(conn.layers, branches):

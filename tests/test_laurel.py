@@ -12,7 +12,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
+                           assert_train_flag_error, fp64_frame, random_branches, tiny, tiny_config, tokens)
 
 FORMS = ("rw", "lr", "rw_lr")
 
@@ -31,7 +31,7 @@ def test_equals_prenorm_at_init(form):
 def test_matches_the_papers_update_once_trained(form):
     """x_{l+1} = alpha F(x_l) + beta (x_l + x_l A B), written from the paper with
     (alpha, beta) = 2 softmax(w) (no w: 1, 1; no A, B: no low-rank term)."""
-    conn, x0 = fp64_trunk("laurel", seed=4, n_layer=2, **fields(form, rank=3))
+    conn, x0 = fp64_frame("laurel", seed=4, n_layer=2, **fields(form, rank=3))
     branches = random_branches(4, 32)
     x = x0
     for layer, f in zip(conn.layers, branches):

@@ -11,7 +11,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_equals_prenorm_at_init, assert_every_connection_parameter_gets_a_gradient,
                            assert_gradcheck, assert_params_match_spec, assert_resumes_bitwise,
-                           assert_train_flag_error, fp64_trunk, random_branches, tiny, tiny_config, tokens)
+                           assert_train_flag_error, fp64_frame, random_branches, tiny, tiny_config, tokens)
 from test_gpt import randomize
 
 
@@ -45,7 +45,7 @@ def reference_read(read, sources, H):
 
 @pytest.mark.parametrize("H", (1, 2, 4))
 def test_matches_the_papers_per_head_read(H):
-    conn, x0 = fp64_trunk("mhar", seed=8, n_layer=2, mhar_heads=H)
+    conn, x0 = fp64_frame("mhar", seed=8, n_layer=2, mhar_heads=H)
     branches = random_branches(4, 32)
     sources = [x0]
     for layer, f in zip(conn.layers, branches):

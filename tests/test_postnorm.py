@@ -11,7 +11,7 @@ from nanochat import connections
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                            assert_params_match_spec, assert_resumes_bitwise, assert_sublayers_called_raw,
-                           assert_train_flag_error, fp64_trunk, handed, random_branches, tiny, tiny_config,
+                           assert_train_flag_error, fp64_frame, handed, random_branches, tiny, tiny_config,
                            tokens, with_moved_body)
 
 
@@ -22,7 +22,7 @@ def rms(x):
 @pytest.mark.parametrize("norm_weight", [True, False])
 def test_the_trunk_is_the_norm_after_each_sum(norm_weight):
     """The original Transformer's Add & Norm per sub-layer (with the factory's RMSNorm gains)."""
-    conn, x0 = fp64_trunk("postnorm", n_layer=3, hc_norm_weight=norm_weight)
+    conn, x0 = fp64_frame("postnorm", n_layer=3, hc_norm_weight=norm_weight)
     branches = random_branches(6, 32)
     h = x0
     for layer, f in zip(conn.layers, branches):

@@ -13,13 +13,13 @@ import torch
 from wiring_checks import (assert_causal, assert_decodes_as_the_full_forward, assert_diagnostics,
                            assert_every_connection_parameter_gets_a_gradient, assert_gradcheck,
                            assert_params_match_spec, assert_resumes_bitwise, assert_sublayers_called_raw,
-                           assert_train_flag_error, fp64_trunk, handed, random_branches, tiny, tiny_config,
+                           assert_train_flag_error, fp64_frame, handed, random_branches, tiny, tiny_config,
                            tokens, with_moved_body)
 
 
 def test_the_trunk_is_a_scaled_residual():
     """x_{i+1} = x_i + alpha_i F(x_i), the paper's Eq. for every sub-layer (alphas moved off 0)."""
-    conn, x0 = fp64_trunk("rezero", n_layer=3)
+    conn, x0 = fp64_frame("rezero", n_layer=3)
     branches = random_branches(6, 32)
     h = x0
     for layer, f in zip(conn.layers, branches):

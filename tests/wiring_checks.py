@@ -1,7 +1,7 @@
 """The checks every wiring's test file runs on its own model (docs/connections.md, "Adding a
 wiring"), in one place: a tiny config and model, the transcribed pre-norm residual to compare
 with at init (the body moved off its init first), causality, a gradient on every connection
-parameter, an fp64 gradcheck of the trunk, KV-cache decoding against the full forward, the
+parameter, an fp64 gradcheck of the frame, KV-cache decoding against the full forward, the
 diagnostics, the parameter count of its SPEC, its flags' errors (one `error:` line), and an
 exact resume from the checkpoint base_train writes."""
 
@@ -99,7 +99,7 @@ def moved(module, seed=0, scale=1.0):
     return module
 
 
-def fp64_trunk(hc, seed=0, **fields):
+def fp64_frame(hc, seed=0, **fields):
     """(the connections of a tiny config in fp64, moved off their init; an fp64 x0 for them)"""
     cfg = tiny_config(hc, **fields)
     conn = connections.build(cfg).double()
@@ -116,7 +116,7 @@ def random_branches(L, C, seed=11, dtype=torch.float64):
 
 
 def assert_gradcheck(hc, n_layer=1, n_embd=8, **fields):
-    """fp64 gradcheck of the whole trunk (expand, every layer, reduce) in x0 and in every
+    """fp64 gradcheck of the whole frame (expand, every layer, reduce) in x0 and in every
     connection parameter, moved off its init."""
     cfg = tiny_config(hc, n_layer=n_layer, n_embd=n_embd, **fields)
     conn = connections.build(cfg).to_empty(device="cpu")
@@ -129,10 +129,10 @@ def assert_gradcheck(hc, n_layer=1, n_embd=8, **fields):
     x0 = torch.randn(1, 3, n_embd, generator=g, dtype=torch.float64, requires_grad=True)
     branches = random_branches(2 * n_layer, n_embd)
 
-    def trunk(x0, *params):
+    def frame(x0, *params):
         return functional_call(conn, dict(zip(names, params)), (x0, branches))
 
-    assert torch.autograd.gradcheck(trunk, (x0, *params))
+    assert torch.autograd.gradcheck(frame, (x0, *params))
 
 
 def assert_diagnostics(model):

@@ -27,7 +27,7 @@ D = 12 (8 blocks); the paper's pseudocode closes blocks at transformer-layer bou
 even S), its equations partition modules, which this follows for any S.
 `hc_norm_weight` false drops the key gains (each is absorbable into its query).
 
-State: the trunk's X is the partial sum, (B, T, 1, C), starting as x0 (the default expand of
+State: the frame's X is the partial sum, (B, T, 1, C), starting as x0 (the default expand of
 one stream; the first module closes it as b_0); the closed blocks travel as the carry, a list
 of (b_k, 1/rms(b_k)) pairs, the rms computed once when a block closes. A read never stacks
 its sources: w . RMSNorm(v) is (v . (g o w)) / rms(v), and the mix is a sum of per-source
@@ -44,9 +44,8 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import config_params, record_reads
-from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.frame import ConnectionLayer, resolve_one_state
+from nanochat.connections import (RMS_EPS, ConnectionLayer, coefficient_dtype, config_params, no_autocast, record_reads,
+                                  resolve_one_state)
 from nanochat.flags import nonneg_int
 
 BLOCKS = 8  # the paper's N ~ 8 blocks, which sets the default block size
@@ -168,7 +167,7 @@ class AttnResLayer(ConnectionLayer):
 
 
 class FinalRead(DepthRead):
-    """The last read, over every closed block and the partial: the trunk's output."""
+    """The last read, over every closed block and the partial: the frame's output."""
 
     def forward(self, X, carry):
         return super().forward([*carry, source(X.squeeze(-2))])[0]

@@ -13,9 +13,9 @@ at 12 blocks). [ours] gamma is capped at 1 (no identity term left) for models sh
 beta / 4 blocks, where beta / (2L) would not be a weight. A convex combination of
 permutations is doubly stochastic; the leak keeps H_res at least 1 - gamma on the diagonal,
 so products over depth do not collapse to the mean as Sinkhorn products can.
-Coefficients (the source's map, in hc.HyperConnection): v = vec(X), h = a * (v / rms(v)) phi
+Coefficients (the source's map, in hc_layer.HyperConnection): v = vec(X), h = a * (v / rms(v)) phi
 + b with phi (nC, 3n); H_pre = sigmoid, H_post = 2 sigmoid, z the res slice. The projection,
-the mixes and the HC options come from hc.HyperConnection.
+the mixes and the HC options come from hc_layer.HyperConnection.
 
 Init (the source's): a = 0.01, phi ~ N(0, (0.02 / sqrt(nC))^2), b_pre = log(1/(n - 1))
 (H_pre = 1/n: the mean of the streams), b_post = 0 (H_post = 1), b_res = 0 (H_res =
@@ -33,7 +33,7 @@ source's RMSNorm has no weight, `hc_norm_weight` adds one like every HC variant'
 `hc_norm_weight` false the count is the source's nC * 3n + 3n + 1 per sub-layer plus 2:
 36,879 at n = 4, C = 768 (the source's 36,877); the stream options add theirs
 (diagnostics.option_params). The source reduces by the mean of the
-streams, the trunk by the sum (the model's final RMSNorm makes them equal but for its
+streams, the frame by the sum (the model's final RMSNorm makes them equal but for its
 epsilon). Coefficients in fp32.
 """
 
@@ -42,8 +42,8 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import option_params
-from nanochat.connections.hc import LAYER_SPEC, HyperConnection, doubly_stochastic_dead, layer_options, resolve_streams
+from nanochat.connections import (LAYER_SPEC, HyperConnection, doubly_stochastic_dead, layer_options, option_params,
+                                  resolve_streams)
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import nonneg_float
 
@@ -71,7 +71,7 @@ SPEC = dict(
     baseline="mhc",
     settings=lambda cfg: f"beta {cfg.cmhc_beta:g}",
     order=150,
-    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc_layer.dead_parameters)
 )
 
 

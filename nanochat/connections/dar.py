@@ -58,7 +58,7 @@ are kept because the release has them and the paper counts them.
 
 Parameters: 2C per sub-layer (query and key gain, `hc_norm_weight` false drops the gain),
 plus 1 (zero, sigmoid_scalar) or C^2 + C (sigmoid_vector) for the gate: 114,688 at 28 layers x
-1024 with the default gate, the paper's 114K. State: the trunk's X is h; the sources (with their 1/rms)
+1024 with the default gate, the paper's 114K. State: the frame's X is h; the sources (with their 1/rms)
 and the current block's partial delta travel as the carry. Coefficients in fp32; r
 accumulates in fp32 (attnres.DepthRead) and rounds to the compute dtype, h + g r is summed in
 fp32 and rounds once more.
@@ -70,10 +70,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections import attnres
-from nanochat.connections.diagnostics import attnres_read_params, record_reads
-from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.frame import ConnectionLayer, resolve_one_state
+from nanochat.connections import (ConnectionLayer, attnres, coefficient_dtype, no_autocast, record_reads,
+                                  resolve_one_state)
+from nanochat.connections.diagnostics import attnres_read_params
 from nanochat.flags import choice
 
 SOURCES = ("full", "block", "block_partial")

@@ -20,7 +20,7 @@ Ours, where the sources differ from nanochat: X_0 is the model's normed embeddin
 source averages the raw one); the alphas train in the "hc" AdamW group at hc_lr without
 weight decay, like every connection parameter (the official trainer decays them).
 
-State: one stream (B, T, 1, C), each sub-layer x + F(x) (trunk.BlockLevelLayer); the carry
+State: one stream (B, T, 1, C), each sub-layer x + F(x) (frame.BlockLevelLayer); the carry
 is the list X_0 .. X_i, per token, so KV-cache decoding needs nothing more. Called alone
 (no carry) a block end takes the earlier outputs as a model whose earlier blocks add
 nothing would have them, x0 each. The average is computed with autocast off, accumulates
@@ -30,8 +30,7 @@ in fp32 (fp64 for fp64 states) and rounds once.
 import torch
 from torch import nn
 
-from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.frame import BlockLevelLayer, resolve_one_state
+from nanochat.connections import BlockLevelLayer, coefficient_dtype, no_autocast, resolve_one_state
 from nanochat.flags import positive_int
 
 FIELDS = {"dwa_dilation": 1, "dwa_period": 1}

@@ -83,7 +83,7 @@ def hc_layer_params(variant, n, C, factors=None, norm_weight=True, alpha_shared=
     return n * C * k + k + alphas + (n * C if norm_weight else 0)
 
 
-def trunk_params(n, C, expand="copy", reduce="sum", pre="current"):
+def frame_params(n, C, expand="copy", reduce="sum", pre="current"):
     """Parameters the HC options add once per model: LSS's (n, C) scales (n*C); the learned
     head's W (n*C, n), b (n) and a (n*n*C + n + 1; none under delayed pre-weights, whose last
     layer folds the state). Delayed pre-weights add none: the pre columns move one layer on."""
@@ -96,18 +96,18 @@ def trunk_params(n, C, expand="copy", reduce="sum", pre="current"):
 def model_hc_params(variant, n, C, depth, factors=None, norm_weight=True, alpha_shared=True, expand="copy",
                     reduce="sum", pre="current", s=DEFAULT_GO_S):
     """All connection parameters of a depth-`depth` model: L = 2 * depth HC layers (attnres:
-    L reads and the final one) and what the options add (trunk_params)."""
+    L reads and the final one) and what the options add (frame_params)."""
     layers = 2 * depth + (variant == "attnres")
     return (layers * hc_layer_params(variant, n, C, factors, norm_weight, alpha_shared, s)
-            + trunk_params(n, C, expand, reduce, pre))
+            + frame_params(n, C, expand, reduce, pre))
 
 
 def option_params(cfg):
     """What the frame's stream options of a resolved model config add to its wiring's own
-    parameters (trunk_params: LSS's scales, the learned head; 0 at the paper's options). Every
+    parameters (frame_params: LSS's scales, the learned head; 0 at the paper's options). Every
     wiring that takes hc_expand or hc_reduce adds it in its SPEC params, the family's through
     model_hc_params, the others' by calling it (docs/connections.md, "Parameter accounting")."""
-    return trunk_params(cfg.hc_streams, cfg.n_embd, cfg.hc_expand, cfg.hc_reduce, cfg.hc_pre)
+    return frame_params(cfg.hc_streams, cfg.n_embd, cfg.hc_expand, cfg.hc_reduce, cfg.hc_pre)
 
 
 def config_params(cfg):
@@ -247,7 +247,7 @@ def state_stats(records, variant, n, final=None):
 def stats_from_records(records, variant, n, final=None):
     """The hc_stats dict from one captured forward: one record per layer in forward order,
     and `final`, the record of the state before reduce. Which measures apply depends on what
-    every layer recorded (record_layer: an H_res; record_reads: read weights; the trunk's
+    every layer recorded (record_layer: an H_res; record_reads: read weights; the frame's
     record_state alone: the state)."""
     if all("source_weights" in rec for rec in records):
         return read_stats(records, variant, n)

@@ -41,10 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanochat.connections.diagnostics import config_params, record_layer
-from nanochat.connections.hc import resolve_streams
-from nanochat.connections.backends.ops import no_autocast, stream_sum
-from nanochat.connections.frame import ConnectionLayer, Parameterless
+from nanochat.connections import (ConnectionLayer, Parameterless, config_params, no_autocast, record_layer,
+                                  resolve_streams, stream_sum)
 
 SCALE_INIT = 0.01  # s_alpha and s_beta (Alg. 2)
 SPEC = dict(

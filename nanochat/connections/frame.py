@@ -1,4 +1,4 @@
-"""The parts of the trunk that StreamConnections runs: the protocol of a connection layer,
+"""The parts of the frame that StreamConnections runs: the protocol of a connection layer,
 and how the stream state begins and ends. `expand` turns the normed embedding x0 (B, T, C)
 into the state the layers carry, `reduce` folds the final state back to (B, T, C) (the model
 norms it next). StreamConnections holds one of each; a variant may bring its own (a state
@@ -38,7 +38,7 @@ HEAD_EPS = 1e-6  # added to the sigmoid weights, as DeepSeek-V4's hc_eps
 
 
 class ConnectionLayer(nn.Module):
-    """One connection layer around one sub-layer. The trunk calls
+    """One connection layer around one sub-layer. The frame calls
     `step(X, branch, x0, carry) -> (X_next, carry)`; a layer that carries nothing passes the
     carry through. Calling the layer runs one step with nothing carried in and returns X_next
     (tests, benchmarks and diagnostics use that form; a variant's SPEC `bench_layer` names the
@@ -60,7 +60,7 @@ class BlockLevelLayer(ConnectionLayer):
     unless the wiring feeds the sub-layer from its carry (a state, or attention's (u_q, u_k,
     u_v) triple). Called alone (carry None) a block end sees no earlier block output: the
     embedding x0 and its own. Subclasses set `capture = None` to record nothing themselves
-    (the trunk then records the input state)."""
+    (the frame then records the input state)."""
 
     def __init__(self, index):
         super().__init__()

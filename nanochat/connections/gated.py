@@ -34,10 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections.diagnostics import record_layer
-from nanochat.connections.hc import resolve_streams
-from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, mix_post, no_autocast
-from nanochat.connections.frame import ConnectionLayer
+from nanochat.connections import (RMS_EPS, ConnectionLayer, coefficient_dtype, mix_post, no_autocast, record_layer,
+                                  resolve_streams)
 from nanochat.flags import nonneg_int
 
 RANK_DIVISOR = 8  # the release: rank 320 at C = 2560

@@ -30,16 +30,16 @@ Sources and choices:
   (tests/test_go_mhc.py shows both).
 
 Everything else (pre/post gates, the HC options, recompute, the stream-op backends) is the
-HC layer of hc.py.
+HC layer of hc_layer.py.
 """
 
 import math
 
 import torch
 
+from nanochat.connections import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
+                                  layer_options, resolve_streams)
 from nanochat.connections.birkhoff import DEFAULT_GO_S
-from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
-                                     layer_options, resolve_streams)
 from nanochat.connections.res_maps import OrthostochasticMap
 from nanochat.flags import positive_int
 
@@ -52,7 +52,7 @@ SPEC = dict(
     settings=lambda cfg: f"s={cfg.hc_go_s}",
     baseline="mhc",  # it replaces mHC's Sinkhorn
     order=60,
-    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc_layer.dead_parameters)
 )
 # The variant's own config field and its default: other variants refuse another value.
 FIELDS = {"hc_go_s": DEFAULT_GO_S}

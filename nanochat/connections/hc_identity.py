@@ -1,7 +1,8 @@
-"""hc_identity: the HC layer with H_res fixed to the identity and dynamic pre/post weights
-(hc.HCIdentityLayer), the project's ablation of what the streams buy without any mixing."""
+"""hc_identity: the HC layer (hc_layer.py) with H_res fixed to the identity and dynamic
+pre/post weights, the project's ablation of what the streams buy without any mixing."""
 
-from nanochat.connections.hc import FAMILY_SPEC, HCIdentityLayer, layer_options, resolve
+from nanochat.connections import FAMILY_SPEC, HyperConnection, layer_options, resolve_streams
+from nanochat.connections.res_maps import IdentityMap
 
 SPEC = dict(
     FAMILY_SPEC,
@@ -12,7 +13,17 @@ SPEC = dict(
     beside_paper=True,
     order=20,
 )
-__all__ = ["SPEC", "resolve", "make_layers"]
+
+
+class HCIdentityLayer(HyperConnection):
+    """H_res fixed to I with dynamic pre/post: what the streams buy without any mixing."""
+
+    def __init__(self, layer_index, n, C, **kw):
+        super().__init__(layer_index, n, C, IdentityMap(n), **kw)
+
+
+def resolve(cfg):
+    resolve_streams(cfg)
 
 
 def make_layers(cfg):

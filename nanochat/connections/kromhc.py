@@ -14,9 +14,9 @@ import math
 
 import torch
 
+from nanochat.connections import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
+                                  layer_options, resolve_streams)
 from nanochat.connections.birkhoff import check_factors, default_factors
-from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
-                                     layer_options, resolve_streams)
 from nanochat.connections.res_maps import PermutationMixture
 from nanochat.flags import factor_list
 
@@ -29,7 +29,7 @@ SPEC = dict(
     settings=lambda cfg: (f"factors {' x '.join(map(str, cfg.hc_factors))}"
                           + ("" if cfg.hc_alpha_shared else ", one alpha_res per factor")),
     order=50,
-    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc_layer.dead_parameters)
 )
 # The variant's own config fields and their defaults: other variants refuse other values.
 FIELDS = {"hc_factors": [], "hc_alpha_shared": True}

@@ -29,9 +29,7 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections import prenorm
-from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
-from nanochat.connections.frame import ConnectionLayer, resolve_one_state
+from nanochat.connections import ConnectionLayer, coefficient_dtype, no_autocast, prenorm, resolve_one_state
 from nanochat.flags import choice, positive_int
 
 FORMS = ("rw", "lr", "rw_lr")

@@ -20,16 +20,14 @@ residual h, so that mean is h / N, and the sub-layers' weightless RMSNorm and th
 final norm make it exactly pre-norm at init here, to the norms' epsilon (tested). The first
 module reads x0 alone (a softmax over one logit): its query and gain get
 no gradient. Default H [ours, the paper's recommendation]: 0 means n_kv_head.
-State and precision as attnres's: the trunk's X is the last output, the closed sources
+State and precision as attnres's: the frame's X is the last output, the closed sources
 travel as the carry with their 1/rms; coefficients in fp32, reads accumulate in fp32.
 """
 
 import torch
 
-from nanochat.connections import attnres
+from nanochat.connections import attnres, no_autocast, resolve_one_state
 from nanochat.connections.diagnostics import attnres_read_params
-from nanochat.connections.backends.ops import no_autocast
-from nanochat.connections.frame import resolve_one_state
 from nanochat.flags import nonneg_int
 
 FIELDS = {"mhar_heads": 0}

@@ -9,8 +9,8 @@ Init: b_res = 0 on the diagonal and -8 off it (H_res diagonal 0.99899 at n = 4).
 
 import torch
 
-from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, column_stochastic_dead,
-                                     layer_options, resolve_streams)
+from nanochat.connections import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, column_stochastic_dead,
+                                  layer_options, resolve_streams)
 from nanochat.connections.res_maps import SinkhornMap
 
 SPEC = dict(
@@ -21,7 +21,7 @@ SPEC = dict(
     in_paper=True,
     shared_fields=FAMILY_SPEC["shared_fields"] + ("hc_sk_iters",),
     order=30,
-    dead=column_stochastic_dead,  # H_res columns sum to one exactly, its rows to SK's tolerance (hc.dead_parameters)
+    dead=column_stochastic_dead,  # H_res columns sum to one exactly, its rows to SK's tolerance (hc_layer.dead_parameters)
 )
 
 

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from nanochat.connections.hc import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
-                                     layer_options, resolve_streams)
+from nanochat.connections import (FAMILY_SPEC, OFF_IDENTITY_BIAS, HyperConnection, doubly_stochastic_dead,
+                                  layer_options, resolve_streams)
 from nanochat.connections.res_maps import PermutationMixture
 
 MAX_STREAMS = 6
@@ -21,7 +21,7 @@ SPEC = dict(
     source="arXiv 2601.05732",
     in_paper=True,
     order=40,
-    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc.dead_parameters)
+    dead=doubly_stochastic_dead,  # H_res rows and columns sum to one exactly (hc_layer.dead_parameters)
 )
 
 

@@ -35,7 +35,7 @@ Ours, where nanochat differs: X_0 is the model's normed embedding (the reference
 raw one); every weight trains in the "hc" AdamW group at hc_lr without weight decay. The
 reference's depth-dependent MLP widths are not taken: the body stays nanochat's.
 
-State: X^R (B, T, 1, C), each sub-layer x + F(input) (trunk.BlockLevelLayer); the carry is
+State: X^R (B, T, 1, C), each sub-layer x + F(input) (frame.BlockLevelLayer); the carry is
 (the stored outputs, (X^Q, X^K, X^V)), per token, so KV-cache decoding needs nothing more.
 Called alone (no carry), a block end takes the earlier outputs as a model whose earlier
 blocks add nothing would have them, x0 each (plain scales where a later scale would apply).
@@ -47,8 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections.backends.ops import RMS_EPS, coefficient_dtype, no_autocast
-from nanochat.connections.frame import BlockLevelLayer, resolve_one_state
+from nanochat.connections import RMS_EPS, BlockLevelLayer, coefficient_dtype, no_autocast, resolve_one_state
 
 WAYS = 4  # Q, K, V, R
 LAST_EXPAND = 4  # the reference's expand_last: a 4x wider MLP after the last block

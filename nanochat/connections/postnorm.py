@@ -6,7 +6,7 @@ and of hyper-connection-factory's `postnorm` (github.com/wdlctc/hyper-connection
 
 with F the sub-layer called raw (SPEC sublayer_prenorm=False: no input RMSNorm of its own;
 attention keeps its q/k norms, which act inside it). The state starts as the normed embedding
-x0 and is folded by the trunk's sum (a squeeze); the model's final norm stays.
+x0 and is folded by the frame's sum (a squeeze); the model's final norm stays.
 Norm: RMSNorm over C with a learned gain g per sub-layer, init 1 (the factory's post-norm
 norms are affine RMSNorms; the original Transformer's a LayerNorm with gain and bias);
 `hc_norm_weight` false gives nanochat's weightless RMSNorm, which every other norm of the
@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nanochat.connections.backends.ops import no_autocast
+from nanochat.connections import ConnectionLayer, no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
-from nanochat.connections.frame import ConnectionLayer
 
 SPEC = dict(
     label="Post-norm",

@@ -5,10 +5,10 @@ is the transformer of GPT-2 and Llama, the reference the hyper-connection-factor
 (github.com/wdlctc/hyper-connection-factory) states every other wiring's numbers against.
 
 State: one stream, (B, T, 1, C), starting as the normed embedding x0 and folded by the
-trunk's sum (a squeeze). No parameters.
+frame's sum (a squeeze). No parameters.
 """
 
-from nanochat.connections.frame import ConnectionLayer, resolve_one_state
+from nanochat.connections import ConnectionLayer, resolve_one_state
 
 SPEC = dict(
     label="Pre-norm",

@@ -1,7 +1,7 @@
 """How an HC layer's res logits become H_res: one declaration per variant, which both the
 PyTorch path and the fused kernels (fused.py) read.
 
-Every variant of the HC family computes H_pre and H_post alike (hc.HyperConnection.gates);
+Every variant of the HC family computes H_pre and H_post alike (hc_layer.HyperConnection.gates);
 they differ in the map from the R res logits z = a_res * x'W_res + b_res to the n x n H_res.
 A layer holds one `ResMap` (`layer.res_map`); its `forward(z)` is the PyTorch form, and
 `kind` names the form the fused kernels compute on chip (None: none, the coefficients are

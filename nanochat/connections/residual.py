@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from nanochat import trunks
-from nanochat.connections.diagnostics import config_params, record_layer
-from nanochat.connections.frame import ConnectionLayer
+from nanochat.connections import ConnectionLayer, config_params, record_layer
 
 RESID_LR_FRACTION = 0.01  # l_resid's LR as a fraction of scalar_lr (nanochat)
 SPEC = dict(

@@ -5,7 +5,7 @@ residual with a learned scale in front of each sub-layer and no norm at all,
 
 so that every layer starts as the identity. F_l is called raw (SPEC sublayer_prenorm=False:
 the paper removes the LayerNorms; attention keeps its q/k norms, which act inside it). The
-state starts as the normed embedding x0 and is folded by the trunk's sum; the model's final
+state starts as the normed embedding x0 and is folded by the frame's sum; the model's final
 norm stays.
 The output projections' start [ours]: nanochat starts both output projections at zero, and
 with alpha = 0 as well neither would ever get a gradient (alpha's is <dL/dh, F(h)> with F = 0,
@@ -25,9 +25,8 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.backends.ops import coefficient_dtype, no_autocast
+from nanochat.connections import ConnectionLayer, coefficient_dtype, no_autocast
 from nanochat.connections.prenorm import resolve  # noqa: F401 (one stream, checked as pre-norm's)
-from nanochat.connections.frame import ConnectionLayer
 
 SPEC = dict(
     label="ReZero",

@@ -47,7 +47,7 @@ and declares what it is, so that nothing reads "has n streams" as "is a HyperCon
                             H-convention, `layer.coefficients(X) -> (h_pre, h_post, h_res)`);
                             the cost plan prices an unmeasured member from its measured
                             relatives. None: a family of its own
-    kernel=None             "hyper_connection": its layers are hc.HyperConnection (one
+    kernel=None             "hyper_connection": its layers are hc_layer.HyperConnection (one
                             projection of the normed streams gives the sigmoid H_pre, H_post
                             and a res_maps.ResMap's H_res): the family's projection checks
                             (tests/test_connections.py), Liger's ops and the fused seams

@@ -18,7 +18,7 @@ from nanochat.report import paper
 from nanochat.report.format import MISSING, fmt
 from nanochat.train_config import FLAG_DEFAULTS, RESUMABLE_CHANGES
 
-# The options beyond the paper (connections/trunk.py, hc.py): config key -> label of each
+# The options beyond the paper (connections/frame.py, hc_layer.py): config key -> label of each
 # non-default choice. A run with none of them is in the paper's configuration.
 OPTION_LABELS = {"hc_expand": {"lss": "LSS"}, "hc_reduce": {"learned": "learned head"},
                  "hc_pre": {"delayed": "delayed pre"}}

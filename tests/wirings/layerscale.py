@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from nanochat.connections.frame import ConnectionLayer, resolve_one_state
+from nanochat.connections import ConnectionLayer, resolve_one_state
 
 FIELDS = {"layerscale_init": 0.1}
 FIELD_HELP = {"layerscale_init": "layerscale: the start of every entry of each sub-layer's output scale (CaiT: 0.1)"}

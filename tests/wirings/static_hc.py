@@ -20,10 +20,8 @@ Liger's ops and the fused seams do not apply to it, and it says so in its SPEC. 
 import torch
 from torch import nn
 
-from nanochat.connections.diagnostics import option_params, record_layer
-from nanochat.connections.hc import resolve_streams
-from nanochat.connections.backends.ops import coefficient_dtype, mix_post, mix_pre
-from nanochat.connections.frame import ConnectionLayer
+from nanochat.connections import (ConnectionLayer, coefficient_dtype, mix_post, mix_pre, option_params, record_layer,
+                                  resolve_streams)
 
 
 def dead_parameters(cfg):

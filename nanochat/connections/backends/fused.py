@@ -14,7 +14,7 @@ kernel, a *seam*, takes X_l and the sub-layer's output y_l and computes
 
 so the streams are read once and written once per sub-layer (the pre mix reads the tile a
 second time, just after the first, from cache; with delayed pre-weights, whose H_pre is known
-before X_{l+1} exists, in the same pass). The sub-layer's input norm is the seam's (the trunk
+before X_{l+1} exists, in the same pass). The sub-layer's input norm is the seam's (the frame
 hands the kernels the raw sub-layers: StreamConnections.norms_sublayer_inputs), so no
 C-wide un-normed input is written or kept. Its backward reads the incoming stream gradient
 once and writes one stream gradient in the stream dtype, with every use of X_{l+1} (the next
@@ -24,7 +24,7 @@ them: a seam keeps X_l, y_l and n projected pre-weights per token. The gradient 
 over tokens in deterministic partial sums (blocks of W x token chunks, no atomics): two
 backward passes are bitwise equal.
 
-The trunk owns the seams: `run` replaces the layer-by-layer loop of StreamConnections, with
+The frame owns the seams: `run` replaces the layer-by-layer loop of StreamConnections, with
 the entry (X_0 = expand(x0) given, layer 0's coefficients and read) and the exit (the last
 post mix folded straight into the reduce: the sum, the carried pre-weights, or the learned
 head, whose projection is one more seam target) as seams too. A layer still declares its
@@ -371,7 +371,7 @@ READ_ROW_ELEMENTS, READ_WARPS = 2048, 4
 # The mix kernel splits the channels (split-K: partial projections, summed in order by the
 # gates kernel) until it launches at least this many programs, or every split is one chunk:
 # D=12's 32 x 2048 tokens give 1024 programs of 64 tokens, about 8 per SM on 132 SMs, unsplit; a
-# smaller batch or a longer trunk's fewer tokens per GPU split.
+# smaller batch or a deeper model's fewer tokens per GPU split.
 MIN_MIX_PROGRAMS = 1024
 MAX_MIX_SPLITS = 8  # the gates kernel adds the partial sums in an unrolled loop
 
@@ -690,7 +690,7 @@ def _block(columns):
 
 
 def layer_target(layer):
-    """An HC layer (hc.HyperConnection): block A = [pre n | post n], block B = its ResMap's
+    """An HC layer (hc_layer.HyperConnection): block A = [pre n | post n], block B = its ResMap's
     res logits; or, for a map with no kernel form, every column in block A (off chip)."""
     n, res_map = layer.n, layer.res_map
     w, scale, bias = layer.projection_weight(), layer.column_scale(), layer.bias
@@ -704,13 +704,13 @@ def layer_target(layer):
 
 
 def head_target(head):
-    """DeepSeek-V4's learned head (trunk.LearnedHead): sigmoid(a * x'W + b) + eps, x' without a weight."""
+    """DeepSeek-V4's learned head (frame.LearnedHead): sigmoid(a * x'W + b) + eps, x' without a weight."""
     n = head.n
     return Target(dict(coef="head", k=n, a_cols=n, ka=_block(n), kb=0, read_eps=head.eps), head.weight,
                   head.alpha.expand(n), head.bias, None)
 
 
-# ----- the seams of the trunk -----
+# ----- the seams of the frame -----
 
 class SeamOut(NamedTuple):
     x_next: Optional[Tensor]  # the streams written (None when only read through)
@@ -809,7 +809,7 @@ def first_read(X):
 
 
 def run(conn, x0, branches, eps, norm=False, keep_after=None, checkpoint=1, design="onepass"):
-    """The trunk of StreamConnections with fused seams: (x0 (B, T, C) -> the reduced state,
+    """The frame of StreamConnections with fused seams: (x0 (B, T, C) -> the reduced state,
     kept). `norm`: the branches are the raw sub-layers, and the seams write their inputs
     normed. `keep_after` (a layer index short of the last): kept is (the state after that
     layer (B, T, n, C), the carry then (B, T, n) or None), which the seams write anyway.

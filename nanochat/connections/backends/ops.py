@@ -20,9 +20,9 @@ which autocast would round to the compute dtype. The compiled backward is traced
 from the forward, so the compiler is told below not to re-apply the forward's autocast.
 
 Backends (`hc_kernels`, docs/kernels.md): the choice between these ops, Liger's fused Triton
-kernels (liger.py) and our own fused kernels (fused.py, which the trunk runs whole rather than
+kernels (liger.py) and our own fused kernels (fused.py, which the frame runs whole rather than
 op by op) is made here, in `uses_liger` and `uses_fused`, and nowhere else; the layers and the
-trunk only pass their config's choice along.
+frame only pass their config's choice along.
 
 Shapes: X (..., n, C); h_pre, h_post (..., n) fp32; h_res (..., n, n) fp32 or None for
 the identity; y (..., C). Arithmetic runs in the dtype of the coefficients (W, h_pre,

@@ -87,10 +87,10 @@ def check_variant_ships(name):
 
 
 def discovered_modules():
-    """What the registry finds by listing its package, which its flat copy is not: the
-    wiring modules, for assemble()."""
-    return {connections.__name__: [m.__name__ for m in connections.VARIANTS.values()
-                                   if m.__name__.startswith("nanochat.")]}
+    """What the registry (connections/registry.py) finds by listing its package, which its
+    flat copy cannot: the wiring modules, for assemble()."""
+    return {connections.registry.__name__: [m.__name__ for m in connections.VARIANTS.values()
+                                            if m.__name__.startswith("nanochat.")]}
 
 
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
