@@ -79,7 +79,7 @@ class GPTConfig:
     # docs/kernels.md), or auto (decided at the start of a run, backends/auto.py; onepass
     # unresolved); the same function either way
     hc_seam: str = "auto"
-    # Options of every HC variant (connections/trunk.py, hc.py); the first choice of each is
+    # Options of every HC variant (connections/frame.py, hc_layer.py); the first choice of each is
     # the paper's, and what checkpoints written before the options existed ran.
     hc_expand: str = "copy"  # copy | lss (Learned Stream Scaling)
     hc_lss_init: float = 0.6
