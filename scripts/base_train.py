@@ -18,17 +18,24 @@ On a cluster: a preemption signal (--save-on-signal) makes every rank finish its
 and exit with status 75; a checkpoint resumes on another number of ranks (optimizer state
 and data position resharded; not bitwise); every rank checks its share before step 0; and
 a rank that fails stops the others within seconds (nanochat/cluster/watchdog.py).
+
+Read top to bottom: the schedules, the helpers the steps call, the run's state (Run), then the
+steps of a run in the order main() calls them (setup, resume, the loop's save, evaluate and
+training step, finish).
 """
 
 import os
 
 os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
 
+import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -39,7 +46,7 @@ from nanochat.cluster import preempt
 from nanochat.planning import preflight
 from nanochat.cluster import watchdog
 from nanochat import connections  # noqa: E402
-from nanochat.cli import run  # noqa: E402
+from nanochat.cli import run as run_command  # noqa: E402
 from nanochat.connections import HC_OPTIONS, liveness  # noqa: E402
 from nanochat.connections.backends import auto, fused, liger  # noqa: E402
 from nanochat.common import (compute_cleanup, compute_dtype, compute_init, device_name,  # noqa: E402
@@ -310,38 +317,151 @@ def describe_reshard(saved_world, world_size, summary):
             f"count and LR schedule continue; the run is not bitwise against an uninterrupted one (other batches)")
 
 
-# ----------------------------------------------------------------------------- main
+# ----------------------------------------------------------------------------- the run's state
 
-def main(argv=None):
+def new_loop_record():
+    """The counters a checkpoint records ("loop" in its meta), cumulative over the whole run (a
+    resume continues them): tokens over all ranks, training FLOPs (estimate_flops per token x
+    tokens) and seconds spent in steps only."""
+    return {"smooth_train_loss": 0.0, "total_training_time": 0.0, "min_val_bpb": float("inf"), "val_bpb": None,
+            "core_metric": None, "step_times": [], "tokens_per_sec": [], "tokens": 0, "flops": 0.0,
+            "train_seconds": 0.0}
+
+
+@dataclass
+class Run:
+    """One training run's state, which the steps below fill in and move on: what setup fixes
+    (flags, device, tokenizer, model, optimizer, data) and what the loop advances (the step,
+    the checkpoint's loop record, the prefetched batch, the agreed stop)."""
+    args: argparse.Namespace
+    info: object  # compute_init's ranks: rank, world_size, ddp, master
+    device: torch.device
+    stop: preempt.StopRequest
+    dtype: torch.dtype
+    # setup: the tokenizer, the model's config, the run directory
+    tokenizer_dir: str = None
+    tokenizer: object = None
+    vocab_size: int = None
+    token_bytes: torch.Tensor = None
+    config: object = None  # GPTConfig
+    autocast: object = None  # the context every forward runs in (gpt.autocast_for)
+    use_compile: bool = None
+    model_tag: str = None
+    run_dir: str = None
+    values: dict = None  # the resolved settings: config.toml and the checkpoint's record
+    # find_checkpoint: the checkpoint continued from (None: a fresh start)
+    resume_meta: dict = None
+    start_step: int = 0
+    loop: dict = field(default_factory=new_loop_record)
+    # make_model: the model the steps call (compiled or not), the module it wraps, what it sizes
+    model: torch.nn.Module = None
+    orig_model: torch.nn.Module = None
+    counts: dict = None
+    flops_per_token: float = None
+    accum: int = None  # micro-batches per step
+    num_iterations: int = None
+    horizon_source: str = None  # where num_iterations came from (a log line's part)
+    batch_lr_scale: float = None
+    weight_decay: float = None  # Muon's, in force
+    decay_rule: str = None  # how it was scaled (a log line's part)
+    # check_data, make_optimizer, open_data, open_log
+    corpus: dict = None
+    data_dir: str = None
+    core_bundle: str = None  # CORE's eval bundle directory (--core-metric-every > 0)
+    optimizer: object = None
+    train_loader: object = None
+    val_rows: object = None  # the val rows every evaluation reads, packed once
+    log: "MetricsLog" = None
+    peak_flops: float = None
+    # the loop
+    step: int = 0
+    saved_step: int = 0  # the step whose checkpoint is on disk (none for a fresh start)
+    batch: tuple = None  # the next step's first micro-batch, fetched while the GPU still works
+    batch_state: dict = None  # the loader's state before that fetch: what a checkpoint of this step records
+    look_again: int = None  # the step a slow start of the wiring is looked at again (start_check)
+    stopping: bool = False  # every rank has agreed to stop: a signal reached at least one of them
+    votes: torch.Tensor = None  # the step's loss and stop vote, all-reduced together
+    elapsed_before: float = 0.0  # wall time of earlier processes of this run
+    t_start: float = 0.0
+    whole_split_noted: bool = False  # the line saying val bpb reads the whole val split was printed
+
+    @property
+    def master(self):
+        return self.info.master
+
+    @property
+    def preempted_marker(self):
+        return os.path.join(self.run_dir, "preempted.json")  # written when a signal stops the run
+
+
+def due(every, step, last):
+    return last or (every > 0 and step > 0 and step % every == 0)
+
+
+def agree(run, vote):
+    """Does any rank vote to stop? (One collective; the training step folds it into its own.)"""
+    if not run.info.ddp:
+        return vote
+    votes = torch.tensor([float(vote)], device=run.device)
+    dist.all_reduce(votes)
+    return votes.item() > 0
+
+
+@contextmanager
+def evaluating(model, autocast):
+    """The one switch to evaluation: within, `model` (compiled or not) in eval mode with its
+    float8 layers plain (nanochat/fp8.py), under the run's autocast; in train mode after."""
+    with autocast, disabled(model):
+        model.eval()
+        try:
+            yield
+        finally:
+            model.train()
+
+
+# ----------------------------------------------------------------------------- setup
+
+def setup(argv):
+    """Flags, ranks and device, tokenizer, the model's config and the run directory's name."""
     args = parse_args(argv)
     info, device = compute_init(args.device_type, seed=args.seed, timeout_s=args.dist_timeout)
-    master = info.master
-    stop = preempt.StopRequest(args.save_on_signal, announce=master)
-    dtype = compute_dtype(device.type)
+    run = Run(args=args, info=info, device=device, stop=preempt.StopRequest(args.save_on_signal, announce=info.master),
+              dtype=compute_dtype(device.type))
+    open_tokenizer(run)
+    configure(run)
+    run.model_tag = args.model_tag or f"d{args.depth}_{run.config.hc}"
+    run.run_dir = ckpt.run_dir_for(run.model_tag)
+    run.values = settings(args, run.config.hc)
+    run.values["model_tag"] = run.model_tag
+    return run
 
-    # Imported here so that `--help` and flag errors do not pay for them.
-    from nanochat.dataloader import BestFitLoader, SplitRows, reshard_states
-    from nanochat.data.shards import DatasetError, check_enough_data, check_tokenizer_corpus, corpus_record
-    from nanochat.optim import build_optimizer
-    from nanochat.tokenizer import default_tokenizer_dir, fingerprint, get_token_bytes, get_tokenizer
 
-    tokenizer_dir = default_tokenizer_dir(args.corpus)  # one per corpus, side by side
-    tokenizer = get_tokenizer(tokenizer_dir)
-    vocab_size = tokenizer.get_vocab_size()
+def open_tokenizer(run):
+    """The corpus's trained tokenizer (one per corpus, side by side), checked against the config."""
+    from nanochat.tokenizer import default_tokenizer_dir, get_token_bytes, get_tokenizer
+    args = run.args
+    run.tokenizer_dir = default_tokenizer_dir(args.corpus)
+    run.tokenizer = get_tokenizer(run.tokenizer_dir)
+    run.vocab_size = vocab_size = run.tokenizer.get_vocab_size()
     if args.vocab_size and args.vocab_size != vocab_size:
         corpus_flag = "" if args.corpus == "fineweb-edu" else f" --corpus {args.corpus}"
         raise SystemExit(f"error: the config expects vocab_size={args.vocab_size} but the trained tokenizer has "
                          f"{vocab_size}; retrain it with `python -m scripts.tok_train --vocab-size {args.vocab_size}"
                          f"{corpus_flag}`")
-    token_bytes = get_token_bytes(device=device, tokenizer_dir=tokenizer_dir)
+    run.token_bytes = get_token_bytes(device=run.device, tokenizer_dir=run.tokenizer_dir)
 
+
+def configure(run):
+    """The model's config on this device (kernels, attention, float8, compile checked) and the
+    batch sizes that --total-batch-size / --device-batch-size auto leave to the run."""
+    args, device = run.args, run.device
     try:
-        config = model_config_for(args, vocab_size)
+        config = model_config_for(args, run.vocab_size)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     # 2026-07 has no autocast: the activations carry the compute dtype from the embedding tables
     # on and every layer casts its weight to them (nanochat/gpt.py Linear)
-    autocast = autocast_for(config, device.type, dtype)
+    run.autocast = autocast_for(config, device.type, run.dtype)
     if attention_backend(config.attention, device) == "flex" and device.type != "cuda":
         raise SystemExit(f"error: --attention flex trains on CUDA only (FlexAttention has no backward on "
                          f"{device.type}); use --attention auto or sdpa")
@@ -354,25 +474,21 @@ def main(argv=None):
                          f"{device.type}; use --hc-kernels torch or auto")
     if args.fp8:
         check_fp8_device(device)
-    use_compile = args.compile if args.compile is not None else device.type == "cuda"
+    run.use_compile = args.compile if args.compile is not None else device.type == "cuda"
     if args.total_batch_size == AUTO:
-        args.total_batch_size, batch_note = resolve_total_batch(args, config, vocab_size)
+        args.total_batch_size, batch_note = resolve_total_batch(args, config, run.vocab_size)
         print0(batch_note)
     if args.device_batch_size == AUTO:
-        args.device_batch_size, batch_note = choose_device_batch(args, config, device, info.world_size, use_compile)
+        args.device_batch_size, batch_note = choose_device_batch(args, config, device, run.info.world_size,
+                                                                 run.use_compile)
         print0(batch_note)
-    model_tag = args.model_tag or f"d{args.depth}_{config.hc}"
-    run_dir = ckpt.run_dir_for(model_tag)
-    values = settings(args, config.hc)
-    values["model_tag"] = model_tag
+    run.config = config
 
-    # ---- resume or fresh start
-    # Cumulative over the whole run (a resume continues them from the checkpoint): tokens over all
-    # ranks, training FLOPs (estimate_flops per token x tokens) and seconds spent in steps only.
-    start_step, loop = 0, {"smooth_train_loss": 0.0, "total_training_time": 0.0, "min_val_bpb": float("inf"),
-                           "val_bpb": None, "core_metric": None, "step_times": [], "tokens_per_sec": [],
-                           "tokens": 0, "flops": 0.0, "train_seconds": 0.0}
-    resume_meta = None
+
+def find_checkpoint(run):
+    """--resume: the latest complete checkpoint, checked against this run (trunk, settings,
+    optimizer groups, tokenizer); without it, a run directory that holds none."""
+    args, run_dir, vocab_size = run.args, run.run_dir, run.vocab_size
     if args.resume:
         step = ckpt.latest_step(run_dir)
         if step is None:
@@ -380,39 +496,43 @@ def main(argv=None):
         else:
             resume_meta = ckpt.load_meta(run_dir, step)
             check_resume_trunk(resume_meta, args.trunk, run_dir)
-            check_resume_settings(resume_meta["settings"], values)
-            check_resume_groups(resume_meta["settings"], config.hc)
+            check_resume_settings(resume_meta["settings"], run.values)
+            check_resume_groups(resume_meta["settings"], run.config.hc)
             if resume_meta["model_config"]["vocab_size"] != vocab_size:
                 raise SystemExit(f"error: the run was trained with a {resume_meta['model_config']['vocab_size']}-token "
                                  f"tokenizer but the trained tokenizer has {vocab_size}; resume with the run's own "
                                  f"tokenizer (the NANOCHAT_BASE_DIR it was trained under)")
-            start_step = step
-    elif master and ckpt.saved_steps(run_dir):
+            run.resume_meta, run.start_step = resume_meta, step
+    elif run.master and ckpt.saved_steps(run_dir):
         raise SystemExit(f"error: {run_dir} already holds checkpoints; pass --resume to continue it, "
                          f"or choose another --model-tag")
-    preempted_marker = os.path.join(run_dir, "preempted.json")  # written when a signal stops the run
-    if master and os.path.exists(preempted_marker):
-        os.remove(preempted_marker)
+    if run.master and os.path.exists(run.preempted_marker):
+        os.remove(run.preempted_marker)
 
+
+def make_model(run):
+    """The model (the checkpoint's weights on a resume; float8 and compiled as asked) and what it
+    sizes: steps, gradient accumulation, the batch's LR scale, Muon's weight decay."""
+    args, config, vocab_size = run.args, run.config, run.vocab_size
     torch.manual_seed(args.seed)
-    model = build_model(config, device)
-    if resume_meta is not None:
-        model.load_state_dict(ckpt.load_model_state(run_dir, start_step, device), strict=True)
+    model = build_model(config, run.device)
+    if run.resume_meta is not None:
+        model.load_state_dict(ckpt.load_model_state(run.run_dir, run.start_step, run.device), strict=True)
     if args.fp8:  # before compiling: the graphs are traced with the float8 layers
         converted, kept = convert_fp8(model)
         print0(f"fp8: {len(converted)} linear layers train in float8 (e4m3 forward, e5m2 gradients); "
                f"{len(kept)} stay as they are ({', '.join(sorted(set(kept.values())))}); MFU stays against the "
                "bf16 peak, as for every run (comparable across runs; the float8 matmuls' own peak is twice it)")
-    orig_model = model
-    if use_compile:
-        model = compiled(model, args.compile_mode)
+    run.orig_model = run.model = model
+    if run.use_compile:
+        run.model = compiled(model, args.compile_mode)
 
-    counts = orig_model.param_counts()
-    flops_per_token = orig_model.estimate_flops()
-    T = args.max_seq_len
-    accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, T, info.world_size)
-    num_iterations, horizon_source = num_iterations_for(args, orig_model, args.total_batch_size)
-    batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
+    run.counts = model.param_counts()
+    run.flops_per_token = model.estimate_flops()
+    run.accum = grad_accum_steps(args.total_batch_size, args.device_batch_size, args.max_seq_len,
+                                 run.info.world_size)
+    run.num_iterations, run.horizon_source = num_iterations_for(args, model, args.total_batch_size)
+    run.batch_lr_scale = trunks.batch_lr_scale(args.total_batch_size)
     horizons = (horizon_tokens(args, config, vocab_size)
                 if trunks.recipe(args.trunk).weight_decay_scaling == "horizon" else None)
     weight_decay = trunks.scaled_weight_decay(args.trunk, args.weight_decay, args.depth, args.total_batch_size,
@@ -420,400 +540,517 @@ def main(argv=None):
     decay_rule = (f"{args.weight_decay} x (12/{args.depth})^2, as nanochat 4d8dbaf scales it" if horizons is None else
                   f"{args.weight_decay} x sqrt({args.total_batch_size}/2^19) x ({horizons[1]:,.0f}/{horizons[0]:,}), "
                   "depth 12's horizon over this run's, as nanochat 92d63d4 scales it")
+    run.weight_decay, run.decay_rule = weight_decay, decay_rule
 
-    print0(f"run directory: {run_dir}")
-    print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {T}, "
-           f"vocab {vocab_size}, windows {orig_model.window_sizes}")
+
+def describe(run):
+    """The log lines that say what this run is, before it reads any data."""
+    args, config, counts = run.args, run.config, run.counts
+    print0(f"run directory: {run.run_dir}")
+    print0(f"model: depth {config.n_layer}, width {config.n_embd}, heads {config.n_head}, context {args.max_seq_len}, "
+           f"vocab {run.vocab_size}, windows {run.orig_model.window_sizes}")
     options = [f"{name} {getattr(config, name)}" for name, choices in HC_OPTIONS.items()
                if getattr(config, name) != choices[0]]
     spec = connections.spec(config.hc)
     print0(f"connections: {config.hc} ({spec.label}), n={config.hc_streams}"
            + (f", {spec.settings(config)}" if spec.settings else "")
            + "".join(f", {option}" for option in options))
-    if resume_meta is None and connections.pretraining_warning(config):
+    if run.resume_meta is None and connections.pretraining_warning(config):
         print0(connections.pretraining_warning(config))
     print0(f"parameters: {counts['total']:,} total, {counts['non_embedding']:,} non-embedding "
            f"(value embeddings {'on' if config.value_embeds else 'off'}); by role: "
            + ", ".join(f"{k} {counts[k]:,}" for k in ("wte", "value_embeds", "lm_head", "transformer_matrices",
                                                        "connections")))
-    print0(f"FLOPs per token: {flops_per_token:.3e}; steps: {num_iterations} (from {horizon_source}); "
-           f"tokens: {num_iterations * args.total_batch_size:,}; gradient accumulation: {accum}")
-    print0(f"trunk {args.trunk}; LR scale for batch {args.total_batch_size}: x{batch_lr_scale:.4f}; Muon weight decay "
-           f"in force: {weight_decay:.4g} (= {decay_rule})")
-    print0(f"device {device}, compute dtype {dtype}, world size {info.world_size}, compile {use_compile}, "
-           f"attention {attention_backend(config.attention, device)} (--attention {config.attention})")
+    print0(f"FLOPs per token: {run.flops_per_token:.3e}; steps: {run.num_iterations} (from {run.horizon_source}); "
+           f"tokens: {run.num_iterations * args.total_batch_size:,}; gradient accumulation: {run.accum}")
+    print0(f"trunk {args.trunk}; LR scale for batch {args.total_batch_size}: x{run.batch_lr_scale:.4f}; Muon weight "
+           f"decay in force: {run.weight_decay:.4g} (= {run.decay_rule})")
+    print0(f"device {run.device}, compute dtype {run.dtype}, world size {run.info.world_size}, compile "
+           f"{run.use_compile}, attention {attention_backend(config.attention, run.device)} (--attention "
+           f"{config.attention})")
 
-    corpus = corpus_record(args.data_dir or None, args.corpus)
-    data_dir = corpus["data_dir"]  # the --corpus's own directory when no --data-dir names one
-    try:  # on every rank (it reads metadata only), so that all of them stop together
-        check_enough_data(num_iterations * args.total_batch_size, data_dir=data_dir)
-        check_tokenizer_corpus(corpus, tokenizer_dir)
+
+def check_data(run):
+    """The corpus holds the run's tokens and matches its tokenizer, and CORE's bundle and tasks
+    are there: checked now (on every rank: it reads metadata only), not at step 2000."""
+    from nanochat.data.shards import DatasetError, check_enough_data, check_tokenizer_corpus, corpus_record
+    args = run.args
+    run.corpus = corpus = corpus_record(args.data_dir or None, args.corpus)
+    run.data_dir = corpus["data_dir"]  # the --corpus's own directory when no --data-dir names one
+    try:  # on every rank, so that all of them stop together
+        check_enough_data(run.num_iterations * args.total_batch_size, data_dir=run.data_dir)
+        check_tokenizer_corpus(corpus, run.tokenizer_dir)
     except DatasetError as e:
         raise SystemExit(f"error: {e}") from None
     print0(f"data: {corpus['description']} in {corpus['data_dir']}")
-    core_bundle = None
-    if args.core_metric_every > 0:  # check the bundle and the task list now, not at step 2000
+    if args.core_metric_every > 0:
         from nanochat.core_eval import resolve_eval_bundle, select_tasks
         try:
-            core_bundle = resolve_eval_bundle(args.eval_bundle or None)
-            select_tasks(core_bundle, args.core_tasks, args.core_metric_max_per_task)
+            run.core_bundle = resolve_eval_bundle(args.eval_bundle or None)
+            select_tasks(run.core_bundle, args.core_tasks, args.core_metric_max_per_task)
         except (ValueError, OSError) as e:
             raise SystemExit(f"error: CORE during training (--core-metric-every {args.core_metric_every}): {e}"
                              "\n(or pass --core-metric-every -1 to train without CORE)") from None
 
-    groups = orig_model.param_groups(
-        unembedding_lr=args.unembedding_lr * batch_lr_scale, embedding_lr=args.embedding_lr * batch_lr_scale,
-        matrix_lr=args.matrix_lr * batch_lr_scale, weight_decay=weight_decay, hc_lr=args.hc_lr * batch_lr_scale,
-        scalar_lr=args.scalar_lr * batch_lr_scale, x0_betas=(args.x0_beta1, 0.95))
-    optimizer = build_optimizer(groups, info.world_size)
+
+def make_optimizer(run):
+    """nanochat's parameter groups at the batch's LR scale, in the (distributed) optimizer."""
+    from nanochat.optim import build_optimizer
+    args, scale = run.args, run.batch_lr_scale
+    groups = run.orig_model.param_groups(
+        unembedding_lr=args.unembedding_lr * scale, embedding_lr=args.embedding_lr * scale,
+        matrix_lr=args.matrix_lr * scale, weight_decay=run.weight_decay, hc_lr=args.hc_lr * scale,
+        scalar_lr=args.scalar_lr * scale, x0_betas=(args.x0_beta1, 0.95))
+    run.optimizer = build_optimizer(groups, run.info.world_size)
+
+
+def resume(run):
+    """From the checkpoint found (if any): the optimizer's state, this rank's RNG and the loop's
+    record; returns this rank's dataloader state (None: from the start). On another number of
+    ranks, both the optimizer's and the data's states are resharded."""
+    meta, info, start_step = run.resume_meta, run.info, run.start_step
+    if meta is None:
+        return None
+    from nanochat.dataloader import reshard_states
+    saved_world = meta["world_size"]
+    loader_states = [rank_state["dataloader"] for rank_state in meta["ranks"]]
+    if saved_world == info.world_size:
+        run.optimizer.load_state_dict(ckpt.load_optimizer_state(run.run_dir, start_step, info.rank, run.device))
+        loader_state = loader_states[info.rank]
+    else:  # every rank reads every old shard (on the CPU) and keeps what it now owns
+        run.optimizer.load_resharded([ckpt.load_optimizer_state(run.run_dir, start_step, r, "cpu")
+                                      for r in range(saved_world)])
+        new_states, summary = reshard_states(loader_states, info.world_size, run.data_dir, order_seed(run.args))
+        loader_state = new_states[info.rank]
+        print0(describe_reshard(saved_world, info.world_size, summary))
+    # training draws no random numbers; a new rank takes an old one's state all the same
+    ckpt.restore_rng_state(meta["ranks"][info.rank % saved_world]["rng"])
+    loop = run.loop
+    loop.update(meta["loop"])
+    if "tokens" not in loop:  # a checkpoint from before the compute records: rebuilt from its step
+        loop.update(tokens=start_step * run.args.total_batch_size,
+                    flops=start_step * run.args.total_batch_size * run.flops_per_token,
+                    train_seconds=loop["total_training_time"])
+    print0(f"resumed from step {start_step} of {run.run_dir}")
+    return loader_state
+
+
+def order_seed(args):
+    """The seed of the training data's order; None: nanochat's fixed order."""
+    return args.data_seed if args.data_seed >= 0 else None
+
+
+def open_data(run, loader_state):
+    """The training loader (at the resumed position), the val rows, and every rank's preflight
+    check of its share (nanochat/planning/preflight.py) before step 0."""
+    from nanochat.dataloader import BestFitLoader, SplitRows
+    args, info, T = run.args, run.info, run.args.max_seq_len
     # 2026-07 packs rows as nanochat 92d63d4's loader does (a tokenizer batch per refill)
     batch_refill = trunks.recipe(args.trunk).batch_refill
-    order_seed = args.data_seed if args.data_seed >= 0 else None
-    loader_state = None
-    if resume_meta is not None:
-        saved_world = resume_meta["world_size"]
-        loader_states = [rank_state["dataloader"] for rank_state in resume_meta["ranks"]]
-        if saved_world == info.world_size:
-            optimizer.load_state_dict(ckpt.load_optimizer_state(run_dir, start_step, info.rank, device))
-            loader_state = loader_states[info.rank]
-        else:  # every rank reads every old shard (on the CPU) and keeps what it now owns
-            optimizer.load_resharded([ckpt.load_optimizer_state(run_dir, start_step, r, "cpu")
-                                      for r in range(saved_world)])
-            new_states, summary = reshard_states(loader_states, info.world_size, data_dir, order_seed)
-            loader_state = new_states[info.rank]
-            print0(describe_reshard(saved_world, info.world_size, summary))
-        # training draws no random numbers; a new rank takes an old one's state all the same
-        ckpt.restore_rng_state(resume_meta["ranks"][info.rank % saved_world]["rng"])
-        loop.update(resume_meta["loop"])
-        if "tokens" not in loop:  # a checkpoint from before the compute records: rebuilt from its step
-            loop.update(tokens=start_step * args.total_batch_size,
-                        flops=start_step * args.total_batch_size * flops_per_token,
-                        train_seconds=loop["total_training_time"])
-        print0(f"resumed from step {start_step} of {run_dir}")
-
     try:
-        train_loader = BestFitLoader(tokenizer, args.device_batch_size, T, "train", device=device, rank=info.rank,
-                                     world_size=info.world_size, data_dir=data_dir, state=loader_state,
-                                     order_seed=order_seed, batch_refill=batch_refill)
+        run.train_loader = BestFitLoader(run.tokenizer, args.device_batch_size, T, "train", device=run.device,
+                                         rank=info.rank, world_size=info.world_size, data_dir=run.data_dir,
+                                         state=loader_state, order_seed=order_seed(args), batch_refill=batch_refill)
     except ValueError as e:  # a saved dataloader state that does not match this run
         raise SystemExit(f"error: {e}") from None
     # The val rows every evaluation reads, packed once (the same rows whatever the number of ranks).
-    val_rows = (SplitRows(tokenizer, T, "val", max(1, args.eval_tokens // T), info.rank, info.world_size, data_dir,
-                          batch_refill=batch_refill) if args.eval_every != 0 else None)
-    facts = gather_objects(preflight.rank_facts(info.rank, run_dir, token_bytes, train_loader, val_rows), info)
-    preflight.check(facts, run_dir, info.rank)
+    run.val_rows = (SplitRows(run.tokenizer, T, "val", max(1, args.eval_tokens // T), info.rank, info.world_size,
+                              run.data_dir, batch_refill=batch_refill) if args.eval_every != 0 else None)
+    facts = gather_objects(preflight.rank_facts(info.rank, run.run_dir, run.token_bytes, run.train_loader,
+                                                run.val_rows), info)
+    preflight.check(facts, run.run_dir, info.rank)
     if info.ddp:
         dist.barrier()  # every rank has looked for the others' probe files
-    preflight.remove_probe(run_dir, info.rank)
+    preflight.remove_probe(run.run_dir, info.rank)
     print0(preflight.summary(facts))
 
+
+def open_log(run):
+    """The run directory's settings and corpus records, metrics.jsonl (cut back to the resumed
+    step, or new), wandb; and the device's peak FLOPs for MFU."""
+    run_dir, master = run.run_dir, run.master
     metrics_path = os.path.join(run_dir, "metrics.jsonl") if master else None
     if master:
         os.makedirs(run_dir, exist_ok=True)
         ckpt.atomic_write(os.path.join(run_dir, "config.toml"),
-                          dumps_toml(values, header=f"Resolved settings of run {model_tag}"))
-        ckpt.atomic_write(os.path.join(run_dir, "corpus.json"), json.dumps(corpus, indent=1))
-        if start_step:
-            clean_metrics_log(metrics_path, start_step)
+                          dumps_toml(run.values, header=f"Resolved settings of run {run.model_tag}"))
+        ckpt.atomic_write(os.path.join(run_dir, "corpus.json"), json.dumps(run.corpus, indent=1))
+        if run.start_step:
+            clean_metrics_log(metrics_path, run.start_step)
         elif os.path.exists(metrics_path):
             os.remove(metrics_path)
-    log = MetricsLog(metrics_path, init_wandb(args, values, master))
+    run.log = MetricsLog(metrics_path, init_wandb(run.args, run.values, master))
+    run.peak_flops = get_peak_flops(run.device)
 
-    peak_flops = get_peak_flops(device)
-    tokens_per_step = args.total_batch_size
 
-    def due(every, step, last):
-        return last or (every > 0 and step > 0 and step % every == 0)
-
-    def agree(vote):
-        """Does any rank vote to stop? (One collective; the training step folds it into its own.)"""
-        if not info.ddp:
-            return vote
-        votes = torch.tensor([float(vote)], device=device)
-        dist.all_reduce(votes)
-        return votes.item() > 0
-
-    def save(step, loader_state):
-        """Write this step's checkpoint; True when a signal asked any rank to stop (the vote
-        rides on the save's own all-reduce, so one that came during the save stops the run now)."""
-        if not all(torch.isfinite(p).all() for p in orig_model.parameters()):
-            raise SystemExit(f"error: non-finite parameters at step {step}; not saving them. The last good "
-                             f"checkpoint is step {ckpt.latest_step(run_dir)} in {run_dir}.")
-        meta = None
-        rank_state = {"dataloader": loader_state, "rng": ckpt.encode_rng_state()}
-        ranks = gather_objects(rank_state, info)
-        if master:
-            meta = {"step": step, "model_config": ckpt.config_record(config),
-                    "wiring_file": connections.wiring_file(config.hc), "settings": values,
-                    "world_size": info.world_size, "num_iterations": num_iterations,
-                    "loop": loop, "ranks": ranks}
-        try:
-            ckpt.save_rank_files(run_dir, step, info.rank, optimizer.state_dict(),
-                                 model_state=orig_model.state_dict() if master else None, meta=meta)
-            failure = None
-        except OSError as e:  # e.g. no space left: this step's files are gone, the previous ones intact
-            failure = e
-        status = torch.tensor([float(failure is not None), float(stop.requested)], device=device)
-        if info.ddp:
-            dist.all_reduce(status)  # also the barrier: every rank has written its files
-        failed, stop_votes = status.tolist()
-        if failed:
-            good = ckpt.latest_step(run_dir)
-            raise SystemExit(f"error: the checkpoint of step {step} could not be written "
-                             f"({failure or 'on another rank'}). "
-                             + (f"The last complete checkpoint is step {good} in {run_dir}: free disk space (or "
-                                f"lower --keep-checkpoints) and continue with --resume true." if good is not None
-                                else "No checkpoint was saved yet: free disk space and run again."))
-        if master:
-            ckpt.mark_latest(run_dir, step)
-            pruned = ckpt.prune(run_dir, args.keep_checkpoints, final_step=num_iterations)
-            print0(f"saved checkpoint of step {step}; run directory {ckpt.human_bytes(ckpt.dir_size(run_dir))}"
-                   + (f" after deleting step(s) {', '.join(map(str, pruned))} (--keep-checkpoints "
-                      f"{args.keep_checkpoints})" if pruned else ""))
-        return stop_votes > 0
-
-    whole_split_noted = []
-
-    def evaluate_val_bpb():
-        from nanochat.loss_eval import evaluate_bpb
-        B = args.device_batch_size
-        with autocast, disabled(orig_model):
-            model.eval()
-            result = evaluate_bpb(model, val_rows.batches(B, device), val_rows.num_batches(B), token_bytes)
-        model.train()
-        if val_rows.exhausted and not whole_split_noted:
-            whole_split_noted.append(True)
-            print0(f"val bpb is over the whole val split, {result.tokens:,} tokens: it holds fewer than "
-                   f"--eval-tokens {args.eval_tokens:,}")
-        return result.bpb
-
-    def evaluate_core():
-        from nanochat.core_eval import evaluate_core as run_core
-        orig_model.eval()
-        max_per_task = args.core_metric_max_per_task
-        with autocast, disabled(orig_model):
-            out = run_core(orig_model, tokenizer, device, core_bundle, max_per_task=max_per_task,
-                           tasks=args.core_tasks, max_seq_len=orig_model.rotary_len)
-        orig_model.train()
-        return out
-
-    def print_samples():
-        orig_model.eval()
-        bos = tokenizer.get_bos_token_id()
-        with autocast, disabled(orig_model):
-            for prompt in SAMPLE_PROMPTS:
-                ids = tokenizer.encode(prompt, prepend=bos)
-                out = list(orig_model.generate(ids, max_tokens=16, temperature=0))
-                print0(f"  {prompt!r} -> {tokenizer.decode(out)!r}")
-        orig_model.train()
-
-    def hc_stats():
-        from nanochat.connections.diagnostics import collect_hc_stats
-        with BestFitLoader(tokenizer, 1, T, "val", device=device, data_dir=data_dir) as val_loader:
-            x, _ = next(val_loader)
-        orig_model.eval()
-        with autocast, disabled(orig_model):
-            stats = collect_hc_stats(orig_model, x)
-        orig_model.train()
-        return stats
-
-    # ---- the loop: N+1 passes, the last one only saves and evaluates
-    step = start_step
+def start_loop(run):
+    """The loop's state at the resumed step (or 0), its clock, and no batch fetched yet."""
+    run.step = run.saved_step = run.start_step
     gc.collect()
-    loop.setdefault("elapsed", 0.0)  # wall time of earlier processes of this run (checkpoints before it lack it)
-    elapsed_before, t_start = loop["elapsed"], time.time()
-    batch = None  # the next step's first micro-batch, fetched while the GPU still works
-    batch_state = None  # the loader's state before that fetch: what a checkpoint of this step records
-    saved_step = start_step  # the step whose checkpoint is on disk (none for a fresh start)
-    look_again = None  # the step a slow start of the wiring is looked at again (start_check)
-    stopping = False  # every rank has agreed to stop: a signal reached at least one of them
-    votes = torch.zeros(2, device=device)  # the step's loss and stop vote, all-reduced together
-    while True:
-        last = step == num_iterations
-        if step != saved_step and (stopping or due(args.save_every, step, last)):
-            stopping = save(step, batch_state if batch is not None else train_loader.state_dict()) or stopping
-            saved_step = step
-        if stopping:
-            break
-        val_due = args.eval_every != 0 and (last or (args.eval_every > 0 and step % args.eval_every == 0))
-        core_due = args.core_metric_every > 0 and due(args.core_metric_every, step, last)
-        sample_due = args.sample_every > 0 and due(args.sample_every, step, last)
-        hc_due = args.hc_stats_every > 0 and config.hc != "residual" and due(args.hc_stats_every, step, last)
-        evaluations = val_due or core_due or sample_due or hc_due
-        if evaluations and not last and agree(stop.requested):
-            # A signal since the step's own vote: save now rather than after minutes of
-            # evaluations, which torchrun's shutdown timeout may not leave; they run on resume.
-            stopping = True
-            continue
-        if val_due:
-            bpb = evaluate_val_bpb()
-            loop["val_bpb"] = bpb
-            loop["min_val_bpb"] = min(loop["min_val_bpb"], bpb)
-            print0(f"step {step:05d} | val bpb {bpb:.4f}")
-            log.log("val", step, bpb=bpb, flops=loop["flops"], tokens=loop["tokens"],
+    run.loop.setdefault("elapsed", 0.0)  # wall time of earlier processes (checkpoints before it lack it)
+    run.elapsed_before, run.t_start = run.loop["elapsed"], time.time()
+    run.votes = torch.zeros(2, device=run.device)
+
+
+# ----------------------------------------------------------------------------- save and evaluate
+
+def save(run):
+    """Write this step's checkpoint. A signal that asked any rank to stop sets run.stopping: the
+    vote rides on the save's own all-reduce, so one that came during the save stops the run now."""
+    step, run_dir, info = run.step, run.run_dir, run.info
+    loader_state = run.batch_state if run.batch is not None else run.train_loader.state_dict()
+    if not all(torch.isfinite(p).all() for p in run.orig_model.parameters()):
+        raise SystemExit(f"error: non-finite parameters at step {step}; not saving them. The last good "
+                         f"checkpoint is step {ckpt.latest_step(run_dir)} in {run_dir}.")
+    ranks = gather_objects({"dataloader": loader_state, "rng": ckpt.encode_rng_state()}, info)
+    meta = None
+    if run.master:
+        meta = {"step": step, "model_config": ckpt.config_record(run.config),
+                "wiring_file": connections.wiring_file(run.config.hc), "settings": run.values,
+                "world_size": info.world_size, "num_iterations": run.num_iterations,
+                "loop": run.loop, "ranks": ranks}
+    try:
+        ckpt.save_rank_files(run_dir, step, info.rank, run.optimizer.state_dict(),
+                             model_state=run.orig_model.state_dict() if run.master else None, meta=meta)
+        failure = None
+    except OSError as e:  # e.g. no space left: this step's files are gone, the previous ones intact
+        failure = e
+    status = torch.tensor([float(failure is not None), float(run.stop.requested)], device=run.device)
+    if info.ddp:
+        dist.all_reduce(status)  # also the barrier: every rank has written its files
+    failed, stop_votes = status.tolist()
+    if failed:
+        good = ckpt.latest_step(run_dir)
+        raise SystemExit(f"error: the checkpoint of step {step} could not be written "
+                         f"({failure or 'on another rank'}). "
+                         + (f"The last complete checkpoint is step {good} in {run_dir}: free disk space (or "
+                            f"lower --keep-checkpoints) and continue with --resume true." if good is not None
+                            else "No checkpoint was saved yet: free disk space and run again."))
+    if run.master:
+        ckpt.mark_latest(run_dir, step)
+        pruned = ckpt.prune(run_dir, run.args.keep_checkpoints, final_step=run.num_iterations)
+        print0(f"saved checkpoint of step {step}; run directory {ckpt.human_bytes(ckpt.dir_size(run_dir))}"
+               + (f" after deleting step(s) {', '.join(map(str, pruned))} (--keep-checkpoints "
+                  f"{run.args.keep_checkpoints})" if pruned else ""))
+    run.stopping = stop_votes > 0 or run.stopping
+    run.saved_step = step
+
+
+@dataclass(frozen=True)
+class Due:
+    """The evaluations a pass of the loop runs."""
+    val: bool
+    core: bool
+    sample: bool
+    hc: bool
+
+    def __bool__(self):
+        return self.val or self.core or self.sample or self.hc
+
+
+def evaluations_due(run, last):
+    """Which evaluations this step runs: val bpb also at step 0, all of them after the last step."""
+    args, step = run.args, run.step
+    return Due(val=args.eval_every != 0 and (last or (args.eval_every > 0 and step % args.eval_every == 0)),
+               core=args.core_metric_every > 0 and due(args.core_metric_every, step, last),
+               sample=args.sample_every > 0 and due(args.sample_every, step, last),
+               hc=args.hc_stats_every > 0 and run.config.hc != "residual" and due(args.hc_stats_every, step, last))
+
+
+def evaluate(run, evals):
+    """The evaluations due, each printed and logged; the loop's record keeps the last val bpb
+    and CORE for the summary (samples and connection statistics on rank 0 alone)."""
+    step, loop = run.step, run.loop
+    if evals.val:
+        bpb = val_bpb(run)
+        loop["val_bpb"] = bpb
+        loop["min_val_bpb"] = min(loop["min_val_bpb"], bpb)
+        print0(f"step {step:05d} | val bpb {bpb:.4f}")
+        run.log.log("val", step, bpb=bpb, flops=loop["flops"], tokens=loop["tokens"],
                     train_seconds=loop["train_seconds"])
-        if args.core_metric_every > 0 and due(args.core_metric_every, step, last):
-            out = evaluate_core()
-            loop["core_metric"] = out["core_metric"]
-            print0(f"step {step:05d} | CORE {out['core_metric']:.4f}")
-            log.log("core", step, core_metric=out["core_metric"], centered=out["centered_results"],
+    if evals.core:
+        out = core_metric(run)
+        loop["core_metric"] = out["core_metric"]
+        print0(f"step {step:05d} | CORE {out['core_metric']:.4f}")
+        run.log.log("core", step, core_metric=out["core_metric"], centered=out["centered_results"],
                     results=out["results"])
-        if sample_due and master:
-            print_samples()
-        if hc_due and master:
-            stats = hc_stats()
-            log.log("hc", step, **stats)
-        if last:
-            break
-        if evaluations and agree(stop.requested):
-            stopping = True  # a signal came during the evaluations: save this step and stop
-            continue
+    if evals.sample and run.master:
+        print_samples(run)
+    if evals.hc and run.master:
+        run.log.log("hc", step, **hc_stats(run))
 
-        # ---- one optimizer step. The GPU is kept busy: each micro-batch is fetched (packed on
-        # the CPU, copied from pinned memory without blocking) while the previous backward
-        # runs; the distributed optimizer's reductions start from gradient hooks during the
-        # last backward; loss and grad norms are read only after the whole step is queued.
-        t0 = time.time()
-        try:
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
-                x, y = batch if batch is not None else next(train_loader)
-                batch = None
-                with autocast:
-                    loss = model(x, y)
-                loss_sum += loss.detach()
-                if micro == accum - 1:
-                    optimizer.launch_reductions_in_backward()
-                (loss / accum).backward()
-                # Prefetch the next micro-batch. Across the step boundary, first note the loader's
-                # state: a checkpoint of the next step must not count the prefetched batch.
-                if micro == accum - 1 and step + 1 < num_iterations:
-                    batch_state = train_loader.state_dict()
-                if micro < accum - 1 or step + 1 < num_iterations:
-                    batch = next(train_loader)
-            lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
-                                args.warmup_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * lrm
-                if group["kind"] == "muon":
-                    group["momentum"] = muon_momentum(step, args.trunk, num_iterations, args.warmdown_ratio)
-                    group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay, args.trunk)
-            optimizer.step(measure_grad_norm=True)
-        except torch.cuda.OutOfMemoryError as e:
-            raise SystemExit(out_of_memory(e, args, info.world_size, step, ckpt.latest_step(run_dir))) from None
-        model.zero_grad(set_to_none=True)
-        # The stop vote rides on the loss's all-reduce: a signal that reached any rank stops all
-        # of them after this same step, at no extra collective.
-        votes[0] = loss_sum / accum
-        votes[1] = float(stop.requested)
-        if info.ddp:
-            dist.all_reduce(votes)  # gloo has no AVG: sum, then divide
-        train_loss, stop_votes = votes.tolist()  # the step's one host synchronization
-        train_loss /= info.world_size
-        stopping = stop_votes > 0
-        dt = time.time() - t0
-        if not math.isfinite(train_loss):
-            good = ckpt.latest_step(run_dir)
-            raise SystemExit(f"error: non-finite training loss ({train_loss}) at step {step}. The run stops here; "
-                             + (f"the last good checkpoint is step {good} in {run_dir}." if good is not None
-                                else "no checkpoint was saved yet (use --save-every to keep some)."))
 
-        beta = 0.9  # debiased EMA of the loss, as nanochat prints it
-        loop["smooth_train_loss"] = beta * loop["smooth_train_loss"] + (1 - beta) * train_loss
-        smooth = loop["smooth_train_loss"] / (1 - beta ** (step + 1))
-        loop["tokens"] += tokens_per_step
-        loop["flops"] += flops_per_token * tokens_per_step
-        loop["train_seconds"] += dt
-        if step > 10:  # skip compile/warm-up steps in the timing statistics
-            loop["total_training_time"] += dt
-            loop["step_times"].append(dt)
-            loop["tokens_per_sec"].append(tokens_per_step / dt)
-        tok_per_sec = tokens_per_step / dt
-        mfu = 100 * flops_per_token * tokens_per_step / dt / (peak_flops * info.world_size)
-        norms = optimizer.grad_norms
-        peak_mem = peak_memory_mib(device)
-        # Wall time, evaluations included, so the ETA is what the user will wait.
-        loop["elapsed"] = elapsed_before + time.time() - t_start
-        eta = (time.time() - t_start) / (step + 1 - start_step) * (num_iterations - step - 1)
-        print0(f"step {step:05d}/{num_iterations} | loss {train_loss:.4f} (smooth {smooth:.4f}) | lrm {lrm:.3f} | "
-               f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
-               f"mfu {mfu:.2f} | epoch {train_loader.epoch} | elapsed {format_duration(loop['elapsed'])} | "
-               f"eta {format_duration(eta)}")
-        hc_grad_norm = connection_grad_norm(norms)
-        log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
+def val_bpb(run):
+    from nanochat.loss_eval import evaluate_bpb
+    B, rows = run.args.device_batch_size, run.val_rows
+    with evaluating(run.model, run.autocast):
+        result = evaluate_bpb(run.model, rows.batches(B, run.device), rows.num_batches(B), run.token_bytes)
+    if rows.exhausted and not run.whole_split_noted:
+        run.whole_split_noted = True
+        print0(f"val bpb is over the whole val split, {result.tokens:,} tokens: it holds fewer than "
+               f"--eval-tokens {run.args.eval_tokens:,}")
+    return result.bpb
+
+
+def core_metric(run):
+    from nanochat.core_eval import evaluate_core
+    model, args = run.orig_model, run.args
+    with evaluating(model, run.autocast):
+        return evaluate_core(model, run.tokenizer, run.device, run.core_bundle,
+                             max_per_task=args.core_metric_max_per_task, tasks=args.core_tasks,
+                             max_seq_len=model.rotary_len)
+
+
+def print_samples(run):
+    model, tokenizer = run.orig_model, run.tokenizer
+    bos = tokenizer.get_bos_token_id()
+    with evaluating(model, run.autocast):
+        for prompt in SAMPLE_PROMPTS:
+            ids = tokenizer.encode(prompt, prepend=bos)
+            out = list(model.generate(ids, max_tokens=16, temperature=0))
+            print0(f"  {prompt!r} -> {tokenizer.decode(out)!r}")
+
+
+def hc_stats(run):
+    from nanochat.connections.diagnostics import collect_hc_stats
+    from nanochat.dataloader import BestFitLoader
+    with BestFitLoader(run.tokenizer, 1, run.args.max_seq_len, "val", device=run.device,
+                       data_dir=run.data_dir) as val_loader:
+        x, _ = next(val_loader)
+    with evaluating(run.orig_model, run.autocast):
+        return collect_hc_stats(run.orig_model, x)
+
+
+# ----------------------------------------------------------------------------- the training step
+
+def train_step(run):
+    """One optimizer step: (the loss averaged over the ranks, the LR multiplier, seconds). The GPU
+    is kept busy: each micro-batch is fetched (packed on the CPU, copied from pinned memory
+    without blocking) while the previous backward runs; the distributed optimizer's reductions
+    start from gradient hooks during the last backward; loss and grad norms are read only after
+    the whole step is queued."""
+    args, step, num_iterations, weight_decay = run.args, run.step, run.num_iterations, run.weight_decay
+    optimizer, train_loader, accum = run.optimizer, run.train_loader, run.accum
+    t0 = time.time()
+    try:
+        loss_sum = torch.zeros((), device=run.device)
+        for micro in range(accum):
+            x, y = run.batch if run.batch is not None else next(train_loader)
+            run.batch = None
+            with run.autocast:
+                loss = run.model(x, y)
+            loss_sum += loss.detach()
+            if micro == accum - 1:
+                optimizer.launch_reductions_in_backward()
+            (loss / accum).backward()
+            # Prefetch the next micro-batch. Across the step boundary, first note the loader's
+            # state: a checkpoint of the next step must not count the prefetched batch.
+            if micro == accum - 1 and step + 1 < num_iterations:
+                run.batch_state = train_loader.state_dict()
+            if micro < accum - 1 or step + 1 < num_iterations:
+                run.batch = next(train_loader)
+        lrm = lr_multiplier(step, num_iterations, args.warmup_ratio, args.warmdown_ratio, args.final_lr_frac,
+                            args.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * lrm
+            if group["kind"] == "muon":
+                group["momentum"] = muon_momentum(step, args.trunk, num_iterations, args.warmdown_ratio)
+                group["weight_decay"] = muon_weight_decay(step, num_iterations, weight_decay, args.trunk)
+        optimizer.step(measure_grad_norm=True)
+    except torch.cuda.OutOfMemoryError as e:
+        raise SystemExit(out_of_memory(e, args, run.info.world_size, step, ckpt.latest_step(run.run_dir))) from None
+    run.model.zero_grad(set_to_none=True)
+    train_loss = agree_on_loss(run, loss_sum / accum)
+    return train_loss, lrm, time.time() - t0
+
+
+def agree_on_loss(run, loss):
+    """The step's loss averaged over the ranks, and its stop vote: the vote rides on the loss's
+    all-reduce, so a signal that reached any rank stops all of them after this same step, at no
+    extra collective. A non-finite loss stops the run."""
+    votes = run.votes
+    votes[0] = loss
+    votes[1] = float(run.stop.requested)
+    if run.info.ddp:
+        dist.all_reduce(votes)  # gloo has no AVG: sum, then divide
+    train_loss, stop_votes = votes.tolist()  # the step's one host synchronization
+    train_loss /= run.info.world_size
+    run.stopping = stop_votes > 0
+    if not math.isfinite(train_loss):
+        good = ckpt.latest_step(run.run_dir)
+        raise SystemExit(f"error: non-finite training loss ({train_loss}) at step {run.step}. The run stops here; "
+                         + (f"the last good checkpoint is step {good} in {run.run_dir}." if good is not None
+                            else "no checkpoint was saved yet (use --save-every to keep some)."))
+    return train_loss
+
+
+def report_step(run, train_loss, lrm, dt):
+    """The step's line and metrics record, the loop's record moved on, and the look at the
+    wiring's start (start_check) after the first update of this process."""
+    step, loop, tokens_per_step, flops_per_token = run.step, run.loop, run.args.total_batch_size, run.flops_per_token
+    beta = 0.9  # debiased EMA of the loss, as nanochat prints it
+    loop["smooth_train_loss"] = beta * loop["smooth_train_loss"] + (1 - beta) * train_loss
+    smooth = loop["smooth_train_loss"] / (1 - beta ** (step + 1))
+    loop["tokens"] += tokens_per_step
+    loop["flops"] += flops_per_token * tokens_per_step
+    loop["train_seconds"] += dt
+    if step > 10:  # skip compile/warm-up steps in the timing statistics
+        loop["total_training_time"] += dt
+        loop["step_times"].append(dt)
+        loop["tokens_per_sec"].append(tokens_per_step / dt)
+    tok_per_sec = tokens_per_step / dt
+    mfu = 100 * flops_per_token * tokens_per_step / dt / (run.peak_flops * run.info.world_size)
+    norms = run.optimizer.grad_norms
+    peak_mem = peak_memory_mib(run.device)
+    # Wall time, evaluations included, so the ETA is what the user will wait.
+    loop["elapsed"] = run.elapsed_before + time.time() - run.t_start
+    eta = (time.time() - run.t_start) / (step + 1 - run.start_step) * (run.num_iterations - step - 1)
+    epoch = run.train_loader.epoch
+    print0(f"step {step:05d}/{run.num_iterations} | loss {train_loss:.4f} (smooth {smooth:.4f}) | lrm {lrm:.3f} | "
+           f"grad norm {norms['total']:.3f} | dt {dt * 1000:.0f} ms | tok/s {tok_per_sec:,.0f} | "
+           f"mfu {mfu:.2f} | epoch {epoch} | elapsed {format_duration(loop['elapsed'])} | "
+           f"eta {format_duration(eta)}")
+    hc_grad_norm = connection_grad_norm(norms)
+    run.log.log("train", step, loss=train_loss, loss_smooth=smooth, lrm=lrm, grad_norm=norms["total"],
                 hc_grad_norm=hc_grad_norm, tok_per_sec=tok_per_sec, mfu=mfu, dt=dt, peak_mem_mib=peak_mem,
-                total_time=loop["total_training_time"], epoch=train_loader.epoch,
-                tokens=(step + 1) * tokens_per_step)
-        if step == max(start_step, 1):  # the probe on rank 0 alone: the line is rank 0's
-            line, look_again = (start_check(hc_grad_norm, float(norms["total"]), config, step) if master
-                                else (None, None))
-        elif step == look_again:
-            line = (dead_connections(hc_grad_norm, float(norms["total"]), config.hc, step)
-                    or slow_start_over(hc_grad_norm, float(norms["total"]), config.hc, step))
-        else:
-            line = None
-        if line:
-            print0(line)
-        step += 1
-        # As nanochat: after the first step (compilation done) freeze what exists and stop the
-        # cyclic garbage collector, whose scans paused steps for ~500 ms; collect by hand rarely.
-        if step == start_step + 1:
-            gc.collect()
-            gc.freeze()
-            gc.disable()
-        elif step % 5000 == 0:
-            gc.collect()
+                total_time=loop["total_training_time"], epoch=epoch, tokens=(step + 1) * tokens_per_step)
+    look_at_start(run, hc_grad_norm, norms)
 
+
+def look_at_start(run, hc_grad_norm, norms):
+    """The wiring's start after the first update (start_check; the probe on rank 0 alone: the
+    line is rank 0's), and again SLOW_START_STEPS later for a slow start."""
+    step, config = run.step, run.config
+    if step == max(run.start_step, 1):
+        line, run.look_again = (start_check(hc_grad_norm, float(norms["total"]), config, step) if run.master
+                                else (None, None))
+    elif step == run.look_again:
+        line = (dead_connections(hc_grad_norm, float(norms["total"]), config.hc, step)
+                or slow_start_over(hc_grad_norm, float(norms["total"]), config.hc, step))
+    else:
+        line = None
+    if line:
+        print0(line)
+
+
+def advance(run):
+    """On to the next step. As nanochat: after the first step (compilation done) freeze what
+    exists and stop the cyclic garbage collector, whose scans paused steps for ~500 ms; collect
+    by hand rarely."""
+    run.step += 1
+    if run.step == run.start_step + 1:
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    elif run.step % 5000 == 0:
+        gc.collect()
+
+
+# ----------------------------------------------------------------------------- finish
+
+def finish(run):
+    """A stopped run: the preempted marker, its line and exit status 75. A complete one:
+    summary.json and the last line."""
     gc.unfreeze()
     gc.enable()
-    if stopping:
-        if master:
-            ckpt.atomic_write(preempted_marker, json.dumps({"step": saved_step, "num_iterations": num_iterations,
-                                                            "signal": stop.signal}) + "\n")
+    if run.stopping:
+        if run.master:
+            saved_step, num_iterations, stop = run.saved_step, run.num_iterations, run.stop
+            ckpt.atomic_write(run.preempted_marker, json.dumps({"step": saved_step, "num_iterations": num_iterations,
+                                                                "signal": stop.signal}) + "\n")
             why = f"{stop.signal} received" if stop.signal else "a stop signal reached another rank"
             print0(f"preempted ({why}): " + (f"saved the checkpoint of step {saved_step} of {num_iterations} in "
-                                             f"{run_dir}; continue with the same command and --resume true"
+                                             f"{run.run_dir}; continue with the same command and --resume true"
                                              if saved_step else "no step was done; run the same command again")
                    + f" (exit status {preempt.EXIT_PREEMPTED})")
-        train_loader.close()
-        log.close()
-        compute_cleanup()
+        close(run)
         raise SystemExit(preempt.EXIT_PREEMPTED)
-    if master:
-        summary = {
-            "complete": True, "step": step, "num_iterations": num_iterations,
-            "train_loss_smooth": loop["smooth_train_loss"] / (1 - 0.9 ** max(step, 1)),
-            "val_bpb": loop["val_bpb"], "min_val_bpb": loop["min_val_bpb"] if loop["val_bpb"] is not None else None,
-            "core_metric": loop["core_metric"],
-            "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
-                       "hc": counts["connections"], "wte": counts["wte"],
-                       "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
-                       "transformer_matrices": counts["transformer_matrices"]},
-            "hc": config.hc, "hc_streams": config.hc_streams,
-            **{name: getattr(config, name) for name in getattr(connections.VARIANTS[config.hc], "FIELDS", {})},
-            "depth": config.n_layer, "model_dim": config.n_embd,
-            "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
-            "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
-            "peak_mem_mib": peak_memory_mib(device), "world_size": info.world_size, "device": str(device.type),
-            "device_name": device_name(device), "total_training_time": loop["total_training_time"],
-            # What a compute multiplier reads (nanochat/studies/compute_multiplier.py); FLOPs by
-            # GPT.estimate_flops' convention, seconds of training steps only and of the whole run.
-            "flops_per_token": flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
-            "train_seconds": loop["train_seconds"], "wall_seconds": elapsed_before + time.time() - t_start,
-            # bits per byte compare only on one corpus and one tokenizer
-            "dataset": corpus["description"], "tokenizer": fingerprint(tokenizer_dir),
-        }
-        ckpt.atomic_write(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
-        print0(f"done: {run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "
+    if run.master:
+        summary = summary_of(run)
+        ckpt.atomic_write(os.path.join(run.run_dir, "summary.json"), json.dumps(summary, indent=1))
+        print0(f"done: {run.run_dir} (val bpb {summary['val_bpb']}, CORE {summary['core_metric']}, "
                f"peak memory {summary['peak_mem_mib']:.0f} MiB)")
-    train_loader.close()
-    log.close()
+    close(run)
+
+
+def close(run):
+    run.train_loader.close()
+    run.log.close()
     compute_cleanup()
+
+
+def summary_of(run):
+    """summary.json of a complete run: what the report and the studies read."""
+    from nanochat.tokenizer import fingerprint
+    loop, counts, config, device, step = run.loop, run.counts, run.config, run.device, run.step
+    return {
+        "complete": True, "step": step, "num_iterations": run.num_iterations,
+        "train_loss_smooth": loop["smooth_train_loss"] / (1 - 0.9 ** max(step, 1)),
+        "val_bpb": loop["val_bpb"], "min_val_bpb": loop["min_val_bpb"] if loop["val_bpb"] is not None else None,
+        "core_metric": loop["core_metric"],
+        "params": {"total": counts["total"], "non_embedding": counts["non_embedding"],
+                   "hc": counts["connections"], "wte": counts["wte"],
+                   "value_embeds": counts["value_embeds"], "lm_head": counts["lm_head"],
+                   "transformer_matrices": counts["transformer_matrices"]},
+        "hc": config.hc, "hc_streams": config.hc_streams,
+        **{name: getattr(config, name) for name in getattr(connections.VARIANTS[config.hc], "FIELDS", {})},
+        "depth": config.n_layer, "model_dim": config.n_embd,
+        "tok_per_sec": statistics.median(loop["tokens_per_sec"]) if loop["tokens_per_sec"] else None,
+        "step_time": statistics.median(loop["step_times"]) if loop["step_times"] else None,
+        "peak_mem_mib": peak_memory_mib(device), "world_size": run.info.world_size, "device": str(device.type),
+        "device_name": device_name(device), "total_training_time": loop["total_training_time"],
+        # What a compute multiplier reads (nanochat/studies/compute_multiplier.py); FLOPs by
+        # GPT.estimate_flops' convention, seconds of training steps only and of the whole run.
+        "flops_per_token": run.flops_per_token, "tokens": loop["tokens"], "total_flops": loop["flops"],
+        "train_seconds": loop["train_seconds"], "wall_seconds": run.elapsed_before + time.time() - run.t_start,
+        # bits per byte compare only on one corpus and one tokenizer
+        "dataset": run.corpus["description"], "tokenizer": fingerprint(run.tokenizer_dir),
+    }
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None):
+    """The steps of a run, in order, over its one record (Run)."""
+    run = setup(argv)
+    find_checkpoint(run)
+    make_model(run)
+    describe(run)
+    check_data(run)
+    make_optimizer(run)
+    loader_state = resume(run)
+    open_data(run, loader_state)
+    open_log(run)
+
+    # The loop: N+1 passes, the last one only saves and evaluates.
+    start_loop(run)
+    while True:
+        last = run.step == run.num_iterations
+        if run.step != run.saved_step and (run.stopping or due(run.args.save_every, run.step, last)):
+            save(run)
+        if run.stopping:
+            break
+        evals = evaluations_due(run, last)
+        if evals and not last and agree(run, run.stop.requested):
+            # A signal since the step's own vote: save now rather than after minutes of
+            # evaluations, which torchrun's shutdown timeout may not leave; they run on resume.
+            run.stopping = True
+            continue
+        evaluate(run, evals)
+        if last:
+            break
+        if evals and agree(run, run.stop.requested):
+            run.stopping = True  # a signal came during the evaluations: save this step and stop
+            continue
+        train_loss, lrm, dt = train_step(run)
+        report_step(run, train_loss, lrm, dt)
+        advance(run)
+    finish(run)
 
 
 def cli(argv=None):
     """The command: main() under the error guard, a failure told to the other ranks."""
-    run(lambda: main(argv), on_error=watchdog.report)
+    run_command(lambda: main(argv), on_error=watchdog.report)
 
 
 if __name__ == "__main__":
