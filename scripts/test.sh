@@ -19,11 +19,12 @@ NANOCHAT_EXTRAS="${NANOCHAT_EXTRAS:-dev,kernels,eval}" bash scripts/setup_env.sh
 # One thread per process: the tests use tiny tensors, for which thread hand-offs cost more
 # than they save (measured: the GPT tests run 3x faster), and some tests start 2 processes.
 export CUDA_VISIBLE_DEVICES="" NANOCHAT_DTYPE=float32 WANDB_MODE=disabled OMP_NUM_THREADS=1
-# Two pytest-xdist workers, a test file each at a time (module fixtures stay in one worker):
-# many tests mostly wait on the processes they start, so two workers on 2 cores cut the wall
-# time by about 40 % (measured: 8m24s -> 5m06s). NANOCHAT_TEST_WORKERS=0 runs in one process.
+# Three pytest-xdist workers, a test file each at a time (module fixtures stay in one worker):
+# many tests wait on the processes they start, so on 2 cores a third worker fills that time
+# (measured on the whole suite, 2026-12-02: 9m55s with two workers, 8m23s with three; one
+# worker per core before that cut about 40 %). NANOCHAT_TEST_WORKERS=0 runs in one process.
 echo "test: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
 # A worker that dies (a native crash) is not replaced: with --dist loadfile, xdist 3.8 can then
 # wait forever for work the dead worker held (pytest-xdist issue 1378), where this fails at once
 # and names the test.
-exec "$VENV/bin/python" -m pytest -n "${NANOCHAT_TEST_WORKERS:-2}" --dist loadfile --max-worker-restart 0 "$@"
+exec "$VENV/bin/python" -m pytest -n "${NANOCHAT_TEST_WORKERS:-3}" --dist loadfile --max-worker-restart 0 "$@"
